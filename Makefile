@@ -1,0 +1,49 @@
+# The project's commands (see README.md). Every target does its own set-up.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install test unit integration lint demo cluster-up cluster-down cluster-status bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed: set PYTHON=python3.11")'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "[setup] installing the project and its dev tools into $(VENV)"
+	@$(PY) -m pip install --quiet --upgrade pip
+	@$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: $(STAMP) lint
+	$(PY) -m pytest -m unit -q
+	$(PY) -m pytest -m integration -q
+
+unit: $(STAMP)
+	$(PY) -m pytest -m unit -q
+
+integration: $(STAMP)
+	$(PY) -m pytest -m integration -q
+
+cluster-up: $(STAMP)
+	$(PY) -m broker_ext.local_cluster up
+
+cluster-down: $(STAMP)
+	$(PY) -m broker_ext.local_cluster down
+
+cluster-status: $(STAMP)
+	$(PY) -m broker_ext.local_cluster status
+
+demo: $(STAMP)
+	$(PY) -m broker_ext.demo
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Benchmarks: `make bench` measures ratios in one run and writes docs/BENCHMARKS.md."""

@@ -1,0 +1,3 @@
+"""Placeholder until the first benchmarks land."""
+
+print("no benchmarks yet")

@@ -1,0 +1,1 @@
+"""The watermark generator: follows subscriptions, folds markers into watermarks, publishes them."""

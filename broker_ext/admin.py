@@ -1,0 +1,167 @@
+"""A small client of the Pulsar admin REST API (v2): only the calls this project needs.
+
+Errors name the fix: an admin URL that does not answer, a topic that does not exist, a credential
+that is refused each raise `AdminError` with one line saying what to do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import requests
+
+from broker_ext.settings import PulsarSettings
+
+
+class AdminError(RuntimeError):
+    """An admin API call failed; the message says what to do about it."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class TopicNotFound(AdminError):
+    """The topic (or its subscription) does not exist."""
+
+
+@dataclass(frozen=True)
+class TopicName:
+    """A parsed topic name: persistent://tenant/namespace/local."""
+
+    domain: str
+    tenant: str
+    namespace: str
+    local: str
+
+    @classmethod
+    def parse(cls, name: str) -> TopicName:
+        """Accept short names (`my-topic`) like the Pulsar clients do."""
+        domain = "persistent"
+        rest = name
+        if "://" in name:
+            domain, rest = name.split("://", 1)
+        parts = rest.split("/")
+        if len(parts) == 1:
+            return cls(domain, "public", "default", parts[0])
+        if len(parts) == 3:
+            return cls(domain, parts[0], parts[1], parts[2])
+        raise ValueError(f"topic name {name!r} is not 'name' or 'persistent://tenant/namespace/name'")
+
+    @property
+    def full(self) -> str:
+        return f"{self.domain}://{self.tenant}/{self.namespace}/{self.local}"
+
+    @property
+    def rest_path(self) -> str:
+        return f"{self.domain}/{self.tenant}/{self.namespace}/{quote(self.local, safe='')}"
+
+
+class PulsarAdmin:
+    """Admin API calls over one HTTP session."""
+
+    def __init__(self, settings: PulsarSettings | None = None, timeout_s: float = 10.0) -> None:
+        self.settings = settings or PulsarSettings.from_env()
+        self.timeout_s = timeout_s
+        self._http = requests.Session()
+        self._http.headers.update(self.settings.admin_headers())
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        url = f"{self.settings.admin_url}/admin/v2/{path}"
+        try:
+            response = self._http.request(method, url, timeout=self.timeout_s, **kwargs)
+        except requests.ConnectionError as exc:
+            raise AdminError(
+                f"Pulsar admin API at {self.settings.admin_url} does not answer ({type(exc).__name__}); "
+                "start the cluster with 'make cluster-up' or set PULSAR_ADMIN_URL"
+            ) from exc
+        except requests.Timeout as exc:
+            raise AdminError(f"Pulsar admin API at {self.settings.admin_url} timed out on {path}") from exc
+        if response.status_code == 404:
+            raise TopicNotFound(f"not found: {path} ({response.text.strip()[:200]})", 404)
+        if response.status_code in (401, 403):
+            raise AdminError(
+                f"Pulsar admin API refused {method} {path} ({response.status_code}); "
+                "set PULSAR_AUTH_TOKEN to a token with the needed permissions",
+                response.status_code,
+            )
+        if response.status_code >= 400:
+            raise AdminError(
+                f"Pulsar admin API {method} {path} failed with {response.status_code}: "
+                f"{response.text.strip()[:300]}",
+                response.status_code,
+            )
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            return response.text
+
+    # -- health and namespaces -------------------------------------------------------------
+
+    def healthy(self) -> bool:
+        """True once the broker answers its health check and `public/default` exists."""
+        try:
+            if self._call("GET", "brokers/health") != "ok":
+                return False
+            return "public/default" in (self._call("GET", "namespaces/public") or [])
+        except AdminError:
+            return False
+
+    def list_topics(self, namespace: str = "public/default") -> list[str]:
+        """Every persistent topic of a namespace: partitions and non-partitioned topics."""
+        return list(self._call("GET", f"persistent/{namespace}") or [])
+
+    def list_partitioned_topics(self, namespace: str = "public/default") -> list[str]:
+        return list(self._call("GET", f"persistent/{namespace}/partitioned") or [])
+
+    # -- topics ------------------------------------------------------------------------------
+
+    def create_topic(self, topic: str, partitions: int = 0) -> None:
+        """Create a topic; with `partitions` > 0 a partitioned topic."""
+        name = TopicName.parse(topic)
+        if partitions > 0:
+            self._call("PUT", f"{name.rest_path}/partitions", json=partitions)
+        else:
+            self._call("PUT", name.rest_path)
+
+    def partitions(self, topic: str) -> int:
+        """Number of partitions, 0 for a non-partitioned topic."""
+        meta = self._call("GET", f"{TopicName.parse(topic).rest_path}/partitions")
+        return int(meta.get("partitions", 0)) if isinstance(meta, dict) else 0
+
+    def internal_stats(self, topic: str) -> dict[str, Any]:
+        """The managed ledger's internal stats of one (partition) topic, cursors included."""
+        result = self._call("GET", f"{TopicName.parse(topic).rest_path}/internalStats")
+        return dict(result)
+
+    def topic_stats(self, topic: str) -> dict[str, Any]:
+        return dict(self._call("GET", f"{TopicName.parse(topic).rest_path}/stats"))
+
+    def subscriptions(self, topic: str) -> list[str]:
+        return list(self._call("GET", f"{TopicName.parse(topic).rest_path}/subscriptions") or [])
+
+    def mark_delete_position(self, topic: str, subscription: str) -> tuple[int, int]:
+        """The subscription's mark-delete position (ledger, entry): everything up to it is acked."""
+        cursors = self.internal_stats(topic).get("cursors", {})
+        if subscription not in cursors:
+            raise TopicNotFound(f"subscription {subscription!r} not found on {topic}", 404)
+        return parse_position(cursors[subscription]["markDeletePosition"])
+
+    def delete_topic(self, topic: str, force: bool = True) -> None:
+        self._call("DELETE", TopicName.parse(topic).rest_path, params={"force": str(force).lower()})
+
+    def trigger_compaction(self, topic: str) -> None:
+        self._call("PUT", f"{TopicName.parse(topic).rest_path}/compaction")
+
+
+def parse_position(text: str) -> tuple[int, int]:
+    """Parse the admin API's 'ledgerId:entryId' form."""
+    ledger, entry = text.split(":", 1)
+    return int(ledger), int(entry)

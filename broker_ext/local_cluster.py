@@ -1,0 +1,464 @@
+"""A real Apache Pulsar standalone broker on loopback, without Docker, plus the watermark generator.
+
+`make cluster-up` and the test session both use this module. The broker's jars come from Maven
+Central through Maven (Pulsar's server tarball is not published there) into a cache outside the
+source tree, shared by every clone: `$PULSAR_WM_CACHE` or `~/.cache/pulsar-watermarks`.
+Each cluster keeps its configuration, data, logs and process ids in one state directory, so
+`cluster-down` stops exactly the processes that `cluster-up` started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+PULSAR_VERSION = "4.0.7"
+"""Pinned: the newest 4.0 LTS release whose every broker dependency is on Maven Central."""
+
+MIN_JAVA = 17
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ClusterError(RuntimeError):
+    """Something stops the local cluster; the message is one line that says what to do."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PULSAR_WM_CACHE", Path.home() / ".cache" / "pulsar-watermarks"))
+
+
+def say(message: str) -> None:
+    print(f"[cluster] {message}", flush=True)
+
+
+# -- fetching the broker ------------------------------------------------------------------------
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>local.pulsar-watermarks</groupId>
+  <artifactId>pulsar-standalone-runtime</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencyManagement>
+    <dependencies>
+      <dependency>
+        <groupId>org.apache.pulsar</groupId>
+        <artifactId>pulsar</artifactId>
+        <version>{version}</version>
+        <type>pom</type>
+        <scope>import</scope>
+      </dependency>
+    </dependencies>
+  </dependencyManagement>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.pulsar</groupId>
+      <artifactId>pulsar-broker</artifactId>
+      <version>{version}</version>
+    </dependency>
+  </dependencies>
+</project>
+"""
+
+# Pulsar's poms name extra repositories that this machine cannot reach; everything is on Central.
+_MAVEN_SETTINGS = """<settings><mirrors><mirror><id>central-only</id><mirrorOf>*</mirrorOf>
+<url>https://repo.maven.apache.org/maven2</url></mirror></mirrors></settings>
+"""
+
+
+def pulsar_lib_dir(version: str = PULSAR_VERSION) -> Path:
+    return cache_dir() / f"pulsar-{version}" / "lib"
+
+
+def ensure_pulsar_jars(version: str = PULSAR_VERSION) -> Path:
+    """Fetch the broker and its dependencies once; later calls return the cached folder.
+
+    Pulsar's own parent pom is imported for dependency management, so every library has the
+    version that Pulsar's release was built and tested with.
+    """
+    lib = pulsar_lib_dir(version)
+    done = lib.parent / ".complete"
+    if done.exists():
+        return lib
+    if shutil.which("mvn") is None:
+        raise ClusterError("Maven ('mvn') is not installed; install it (apt-get install maven) and retry")
+    work = lib.parent
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "pom.xml").write_text(_POM.format(version=version))
+    (work / "settings.xml").write_text(_MAVEN_SETTINGS)
+    log_path = work / "maven.log"
+    say(f"fetching Apache Pulsar {version} (broker and dependencies) from Maven Central into {lib}")
+    command = [
+        "mvn", "-B", "-s", str(work / "settings.xml"), "-f", str(work / "pom.xml"),
+        "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={lib}",
+    ]  # fmt: skip
+    downloaded = 0
+    last_report = time.monotonic()
+    with (
+        log_path.open("w") as log,
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc,
+    ):
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            if "Downloaded from" in line:
+                downloaded += 1
+                if time.monotonic() - last_report > 5:
+                    say(f"  ... {downloaded} files downloaded")
+                    last_report = time.monotonic()
+    if proc.returncode != 0:
+        reason = _maven_failure(log_path)
+        raise ClusterError(
+            f"downloading Pulsar {version} failed ({reason}); check access to Maven Central, "
+            f"see {log_path}, then retry"
+        )
+    size_mb = sum(p.stat().st_size for p in lib.glob("*.jar")) / 1e6
+    say(f"fetched {len(list(lib.glob('*.jar')))} jars, {size_mb:.0f} MB ({downloaded} files downloaded)")
+    done.write_text(f"{version}\n")
+    return lib
+
+
+def _maven_failure(log_path: Path) -> str:
+    for line in log_path.read_text(errors="replace").splitlines():
+        if line.startswith("[ERROR]") and len(line) > 10:
+            return line[8:200].strip()
+    return "maven failed"
+
+
+def check_java() -> str:
+    """The java executable, if it is 17 or newer."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if not java or not Path(java).exists():
+        raise ClusterError(
+            "Java is not installed; install Java 17+ (apt-get install openjdk-17-jre-headless)"
+        )
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    major = int(match.group(1)) if match else 0
+    if major == 1 and match and match.group(2):  # "1.8" style
+        major = int(match.group(2))
+    if major < MIN_JAVA:
+        raise ClusterError(
+            f"Java {major} found at {java}; Pulsar needs Java {MIN_JAVA}+, install it or set JAVA_HOME"
+        )
+    return java
+
+
+# -- the cluster's files ------------------------------------------------------------------------
+
+
+@dataclass
+class LocalCluster:
+    """A standalone broker and the generator, their files under `state_dir`."""
+
+    state_dir: Path = field(default_factory=lambda: REPO_ROOT / ".cluster")
+    broker_port: int = 6650
+    web_port: int = 8080
+    bookie_port: int = 3181
+    with_generator: bool = True
+    heap: str = "1g"
+    extra_broker_config: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, state_dir: Path | None = None) -> LocalCluster:
+        cluster = cls(
+            broker_port=int(os.environ.get("PULSAR_BROKER_PORT", "6650")),
+            web_port=int(os.environ.get("PULSAR_WEB_PORT", "8080")),
+            bookie_port=int(os.environ.get("PULSAR_BOOKIE_PORT", "3181")),
+        )
+        if state_dir is not None:
+            cluster.state_dir = state_dir
+        return cluster
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://127.0.0.1:{self.broker_port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.web_port}"
+
+    def _pid_file(self, name: str) -> Path:
+        return self.state_dir / f"{name}.pid"
+
+    def running_pid(self, name: str) -> int | None:
+        """The recorded process id of `name` if that process is still alive."""
+        path = self._pid_file(name)
+        if not path.exists():
+            return None
+        try:
+            pid = int(path.read_text().strip())
+            os.kill(pid, 0)
+        except (ValueError, ProcessLookupError, PermissionError):
+            return None
+        return pid if _pid_alive(pid) else None
+
+    def write_config(self) -> Path:
+        """A standalone configuration of our own: one bookie, no functions, loopback only."""
+        settings = {
+            "clusterName": "standalone",
+            "bindAddress": "127.0.0.1",
+            "advertisedAddress": "127.0.0.1",
+            "brokerServicePort": str(self.broker_port),
+            "webServicePort": str(self.web_port),
+            "managedLedgerDefaultEnsembleSize": "1",
+            "managedLedgerDefaultWriteQuorum": "1",
+            "managedLedgerDefaultAckQuorum": "1",
+            "allowAutoTopicCreation": "true",
+            "allowAutoTopicCreationType": "non-partitioned",
+            "brokerDeleteInactiveTopicsEnabled": "false",
+            "systemTopicEnabled": "true",
+            "topicLevelPoliciesEnabled": "true",
+            "functionsWorkerEnabled": "false",
+            "transactionCoordinatorEnabled": "false",
+            "webSocketServiceEnabled": "false",
+            "exposeTopicLevelMetricsInPrometheus": "true",
+            "brokerShutdownTimeoutMs": "5000",
+            "loadBalancerEnabled": "false",
+            "managedLedgerCacheSizeMB": "128",
+            "dbStorage_writeCacheMaxSizeMb": "64",
+            "dbStorage_readAheadCacheMaxSizeMb": "64",
+            **self.extra_broker_config,
+        }
+        conf = self.state_dir / "standalone.conf"
+        conf.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+        (self.state_dir / "log4j2.xml").write_text(_LOG4J2.format(log=self.state_dir / "pulsar.log"))
+        return conf
+
+    # -- start and stop ---------------------------------------------------------------------------
+
+    def up(self, timeout_s: float = 180.0) -> None:
+        """Start the broker (and the generator) unless already running; return once ready."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        pid = self.running_pid("pulsar")
+        if pid is not None:
+            say(f"already running: Pulsar standalone pid {pid} at {self.service_url} ({self.state_dir})")
+            if self.with_generator and self.running_pid("generator") is None:
+                self._start_generator()
+            return
+        java = check_java()
+        for port in (self.broker_port, self.web_port, self.bookie_port):
+            if not port_free(port):
+                raise ClusterError(
+                    f"port {port} on 127.0.0.1 is already in use by another process; stop it or choose "
+                    "other ports (PULSAR_BROKER_PORT, PULSAR_WEB_PORT, PULSAR_BOOKIE_PORT)"
+                )
+        lib = ensure_pulsar_jars()
+        conf = self.write_config()
+        started = time.monotonic()
+        say(f"starting Pulsar {PULSAR_VERSION} standalone on {self.service_url}, admin {self.admin_url}")
+        command = [
+            java, "-Xms256m", f"-Xmx{self.heap}", "-XX:MaxDirectMemorySize=1g", "-XX:+UseG1GC",
+            *_JAVA_OPENS,
+            f"-Dlog4j.configurationFile={self.state_dir / 'log4j2.xml'}",
+            "-Dpulsar.allocator.exit_on_oom=true", "-Dio.netty.tryReflectionSetAccessible=true",
+            "-Dzookeeper.4lw.commands.whitelist=*",
+            "-cp", f"{lib}/*",
+            "org.apache.pulsar.PulsarStandaloneStarter",
+            "--config", str(conf), "--no-functions-worker", "--no-stream-storage",
+            "--bookkeeper-port", str(self.bookie_port),
+            "--metadata-dir", str(self.state_dir / "data" / "metadata"),
+            "--bookkeeper-dir", str(self.state_dir / "data" / "bookkeeper"),
+            "--zookeeper-dir", str(self.state_dir / "data" / "zookeeper"),
+        ]  # fmt: skip
+        env = {**os.environ, "PULSAR_STANDALONE_USE_ZOOKEEPER": "0"}
+        with (self.state_dir / "pulsar.out").open("ab") as out:
+            proc = subprocess.Popen(
+                command, cwd=self.state_dir, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+            )  # fmt: skip
+        self._pid_file("pulsar").write_text(f"{proc.pid}\n")
+        self._wait_ready(proc, started, timeout_s)
+        say(f"Pulsar is ready after {time.monotonic() - started:.1f} s (pid {proc.pid})")
+        if self.with_generator:
+            self._start_generator()
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes], started: float, timeout_s: float) -> None:
+        from broker_ext.admin import PulsarAdmin
+        from broker_ext.settings import PulsarSettings
+
+        admin = PulsarAdmin(PulsarSettings(self.service_url, self.admin_url), timeout_s=5)
+        last_report = 0.0
+        while True:
+            if proc.poll() is not None:
+                self._pid_file("pulsar").unlink(missing_ok=True)
+                raise ClusterError(
+                    f"Pulsar exited with code {proc.returncode} while starting; "
+                    f"see {self.state_dir}/pulsar.log and {self.state_dir}/pulsar.out"
+                )
+            if admin.healthy():
+                admin.close()
+                return
+            waited = time.monotonic() - started
+            if waited > timeout_s:
+                self.down()
+                raise ClusterError(
+                    f"Pulsar did not become healthy within {timeout_s:.0f} s; see {self.state_dir}/pulsar.log"
+                )
+            if waited - last_report >= 10:
+                say(f"  ... waiting for the broker's health check ({waited:.0f} s)")
+                last_report = waited
+            time.sleep(0.5)
+
+    def _start_generator(self) -> None:
+        env = {**os.environ, "PULSAR_SERVICE_URL": self.service_url, "PULSAR_ADMIN_URL": self.admin_url}
+        with (self.state_dir / "generator.log").open("ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "broker_ext.cli", "serve"], stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=env, start_new_session=True, cwd=REPO_ROOT,
+            )  # fmt: skip
+        self._pid_file("generator").write_text(f"{proc.pid}\n")
+        time.sleep(0.5)
+        if proc.poll() is not None:
+            raise ClusterError(f"the watermark generator exited at once; see {self.state_dir}/generator.log")
+        say(f"watermark generator started (pid {proc.pid}), log {self.state_dir}/generator.log")
+
+    def stop_generator(self) -> None:
+        self._stop("generator", grace_s=10)
+
+    def down(self) -> None:
+        """Stop the generator and the broker by their recorded process ids."""
+        stopped = [name for name in ("generator", "pulsar") if self._stop(name, grace_s=30)]
+        say("stopped " + ", ".join(stopped) if stopped else "nothing was running")
+
+    def _stop(self, name: str, grace_s: float) -> bool:
+        pid = self.running_pid(name)
+        self._pid_file(name).unlink(missing_ok=True)
+        if pid is None:
+            return False
+        _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _pid_alive(pid):
+            _signal_group(pid, signal.SIGKILL)
+            while _pid_alive(pid):
+                time.sleep(0.1)
+        return True
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        os.kill(pid, sig)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Alive and not a zombie (a child we have not reaped yet counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            return False
+    except (OSError, IndexError):
+        pass
+    return True
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_admin(admin_url: str, timeout_s: float) -> bool:
+    """Poll a health URL until it answers; used for clusters we did not start."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"{admin_url}/admin/v2/brokers/health", timeout=3).text == "ok":
+                return True
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    return False
+
+
+_JAVA_OPENS = [
+    "--add-opens", "java.base/java.io=ALL-UNNAMED",
+    "--add-opens", "java.base/java.nio=ALL-UNNAMED",
+    "--add-opens", "java.base/sun.nio.ch=ALL-UNNAMED",
+    "--add-opens", "java.base/java.lang=ALL-UNNAMED",
+    "--add-opens", "java.base/java.util=ALL-UNNAMED",
+    "--add-opens", "java.base/jdk.internal.misc=ALL-UNNAMED",
+    "--add-opens", "java.management/sun.management=ALL-UNNAMED",
+    "--add-opens", "jdk.management/com.sun.management.internal=ALL-UNNAMED",
+]  # fmt: skip
+
+_LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
+<Configuration status="WARN">
+  <Appenders>
+    <RollingFile name="file" fileName="{log}" filePattern="{log}.%i">
+      <PatternLayout pattern="%d{{ISO8601}} %-5level [%t] %c{{1}} - %msg%n"/>
+      <Policies><SizeBasedTriggeringPolicy size="50 MB"/></Policies>
+      <DefaultRolloverStrategy max="3"/>
+    </RollingFile>
+  </Appenders>
+  <Loggers>
+    <Root level="info"><AppenderRef ref="file"/></Root>
+  </Loggers>
+</Configuration>
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m broker_ext.local_cluster",
+        description="Start or stop the local Pulsar standalone broker and the watermark generator.",
+    )
+    parser.add_argument("action", choices=["up", "down", "status", "fetch"])
+    parser.add_argument("--state-dir", type=Path, default=None, help="where config, data, logs and pids live")
+    parser.add_argument("--no-generator", action="store_true", help="start only the broker")
+    args = parser.parse_args(argv)
+    cluster = LocalCluster.from_env(args.state_dir)
+    cluster.with_generator = not args.no_generator
+    try:
+        if args.action == "up":
+            cluster.up()
+        elif args.action == "down":
+            cluster.down()
+        elif args.action == "fetch":
+            ensure_pulsar_jars()
+        else:
+            for name in ("pulsar", "generator"):
+                pid = cluster.running_pid(name)
+                say(f"{name}: " + (f"running, pid {pid}" if pid else "not running"))
+    except ClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Consumers that hide markers and hand watermarks to listeners."""

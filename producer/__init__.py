@@ -1,0 +1,1 @@
+"""Producers that write watermark markers into their topic."""

@@ -1,0 +1,1 @@
+"""Spark source and sink for watermarked Pulsar topics."""

@@ -1,0 +1,49 @@
+"""Shared fixtures: one real broker per test session, and per-test topic names."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pulsar
+import pytest
+
+from broker_ext.admin import PulsarAdmin
+from broker_ext.settings import PulsarSettings
+from tests.harness import real_pulsar
+
+_HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests under tests/unit are unit tests, the others integration tests (marked apart)."""
+    for item in items:
+        kind = "unit" if (_HERE / "unit") in Path(str(item.fspath)).parents else "integration"
+        item.add_marker(getattr(pytest.mark, kind))
+
+
+@pytest.fixture(scope="session")
+def pulsar_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PulsarSettings]:
+    with real_pulsar(tmp_path_factory.mktemp("pulsar-cluster")) as settings:
+        yield settings
+
+
+@pytest.fixture(scope="session")
+def pulsar_client(pulsar_settings: PulsarSettings) -> Iterator[pulsar.Client]:
+    client = pulsar_settings.client()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def admin(pulsar_settings: PulsarSettings) -> Iterator[PulsarAdmin]:
+    api = PulsarAdmin(pulsar_settings)
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def topic() -> str:
+    """A fresh topic name in public/default for each test."""
+    return f"persistent://public/default/test-{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,76 @@
+"""The one place that gives tests a real Pulsar broker.
+
+Order of choice: an existing cluster named by `PULSAR_SERVICE_URL`; else the official image through
+testcontainers when a Docker engine answers; else the local standalone started with the same code
+as `make cluster-up`, on free ports in a temporary directory so it never collides with a cluster
+a developer already runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+from broker_ext.local_cluster import PULSAR_VERSION, LocalCluster, free_port, wait_for_admin
+from broker_ext.settings import PulsarSettings
+
+
+def docker_engine_available() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@contextlib.contextmanager
+def _docker_pulsar() -> Iterator[PulsarSettings]:
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.waiting_utils import wait_for_logs
+
+    container = (
+        DockerContainer(f"apachepulsar/pulsar:{PULSAR_VERSION}")
+        .with_command("bin/pulsar standalone --no-functions-worker --no-stream-storage")
+        .with_exposed_ports(6650, 8080)
+    )
+    with container:
+        wait_for_logs(container, "messaging service is ready", timeout=180)
+        host = container.get_container_host_ip()
+        admin_url = f"http://{host}:{container.get_exposed_port(8080)}"
+        if not wait_for_admin(admin_url, 120):
+            raise RuntimeError(f"the Pulsar container's admin API at {admin_url} never became healthy")
+        yield PulsarSettings(f"pulsar://{host}:{container.get_exposed_port(6650)}", admin_url)
+
+
+@contextlib.contextmanager
+def _local_pulsar(state_dir: Path) -> Iterator[PulsarSettings]:
+    cluster = LocalCluster(
+        state_dir=state_dir,
+        broker_port=free_port(),
+        web_port=free_port(),
+        bookie_port=free_port(),
+        with_generator=False,
+    )
+    cluster.up()
+    try:
+        yield PulsarSettings(cluster.service_url, cluster.admin_url)
+    finally:
+        cluster.down()
+
+
+@contextlib.contextmanager
+def real_pulsar(state_dir: Path) -> Iterator[PulsarSettings]:
+    """A running broker for the whole test session."""
+    if os.environ.get("PULSAR_SERVICE_URL"):
+        yield PulsarSettings.from_env()
+    elif docker_engine_available():
+        with _docker_pulsar() as settings:
+            yield settings
+    else:
+        with _local_pulsar(state_dir) as settings:
+            yield settings
