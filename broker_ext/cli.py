@@ -9,43 +9,65 @@ import sys
 import threading
 from types import FrameType
 
+from broker_ext import config as generator_config
+from broker_ext.admin import AdminError
 from broker_ext.settings import PulsarSettings
 
 log = logging.getLogger("broker_ext")
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """Run until SIGTERM/SIGINT. Placeholder loop until the generator service lands."""
-    settings = PulsarSettings.from_env()
-    stop = threading.Event()
+    from broker_ext.service import GeneratorService
+
+    config = generator_config.from_arguments(args)
+    service = GeneratorService(config, PulsarSettings.from_env())
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping", signum)
-        stop.set()
+        service.stop()
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    log.info(
-        "watermark generator idle (placeholder) for %s, admin %s", settings.service_url, settings.admin_url
-    )
-    while not stop.wait(3600):
-        pass
+    runner = threading.Thread(target=service.run, name="wm-service")
+    runner.start()
+    while runner.is_alive():
+        runner.join(timeout=0.5)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from broker_ext.status import render, status_rows
+
+    print(render(status_rows(PulsarSettings.from_env(), args.topic)))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="broker-ext", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="broker-ext",
+        description="Broker-side event-time watermarks for Pulsar. Connection: PULSAR_SERVICE_URL "
+        "(default pulsar://127.0.0.1:6650), PULSAR_ADMIN_URL (default http://127.0.0.1:8080), "
+        "PULSAR_AUTH_TOKEN or PULSAR_AUTH_TOKEN_FILE.",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run the watermark generator service")
+    serve = commands.add_parser("serve", help="run the watermark generator service until SIGTERM")
+    generator_config.add_arguments(serve)
     serve.set_defaults(run=_serve)
+    status = commands.add_parser("status", help="show a topic's subscriptions, positions and watermarks")
+    status.add_argument("topic", help="topic name, short (my-topic) or persistent://tenant/ns/name")
+    status.set_defaults(run=_status)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    return int(args.run(args))
+    try:
+        return int(args.run(args))
+    except (AdminError, ValueError) as exc:
+        print(f"broker-ext: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,93 @@
+"""Publishes `SendWatermark` events to each topic's companion topic, through Pulsar itself.
+
+Consumers read `<topic>__watermarks` with a compacted reader; the generator triggers compaction
+now and then so that a consumer that attaches finds the latest event of its subscription at once
+without reading the whole history.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+
+import pulsar
+
+from broker_ext.admin import AdminError, PulsarAdmin
+from watermark_core.protocol import (
+    EVENT_PROPERTY,
+    WatermarkEvent,
+    encode_event,
+    event_key,
+    watermark_topic_for,
+)
+
+log = logging.getLogger(__name__)
+
+COMPACT_EVERY_EVENTS = 200
+COMPACT_EVERY_S = 60.0
+
+
+class WatermarkDispatcher:
+    """One producer per companion topic, shared by every partition worker of that topic."""
+
+    def __init__(self, client: pulsar.Client, admin: PulsarAdmin, instance_id: str) -> None:
+        self._client = client
+        self._admin = admin
+        self._instance_id = instance_id
+        self._producers: dict[str, pulsar.Producer] = {}
+        self._since_compaction: dict[str, tuple[int, float]] = {}
+        self._lock = threading.Lock()
+
+    def _producer(self, companion: str) -> pulsar.Producer:
+        with self._lock:
+            producer = self._producers.get(companion)
+            if producer is None:
+                producer = self._client.create_producer(
+                    companion, producer_name=f"__wm_dispatch-{self._instance_id}-{len(self._producers)}",
+                    batching_enabled=False,
+                )  # fmt: skip
+                self._producers[companion] = producer
+                self._since_compaction[companion] = (0, time.monotonic())
+            return producer
+
+    def publish(self, event: WatermarkEvent) -> None:
+        """Send one event and wait for it, so a watermark is never reported before it is durable."""
+        companion = watermark_topic_for(event.topic)
+        self._producer(companion).send(
+            encode_event(event),
+            partition_key=event_key(event.partition, event.subscription),
+            properties={EVENT_PROPERTY: "SendWatermark"},
+        )
+        self._maybe_compact(companion)
+
+    def _maybe_compact(self, companion: str) -> None:
+        with self._lock:
+            count, since = self._since_compaction[companion]
+            count += 1
+            due = count == 1 or count >= COMPACT_EVERY_EVENTS or time.monotonic() - since >= COMPACT_EVERY_S
+            self._since_compaction[companion] = (0, time.monotonic()) if due else (count, since)
+        if due:
+            try:
+                self._admin.trigger_compaction(companion)
+            except AdminError as exc:  # 409: one is running already; anything else is retried later
+                if exc.status != 409:
+                    log.warning("compaction of %s not triggered: %s", companion, exc)
+
+    def forget(self, topic: str) -> None:
+        companion = watermark_topic_for(topic)
+        with self._lock:
+            producer = self._producers.pop(companion, None)
+            self._since_compaction.pop(companion, None)
+        if producer is not None:
+            with contextlib.suppress(pulsar.PulsarException):
+                producer.close()
+
+    def close(self) -> None:
+        with self._lock:
+            producers = list(self._producers.values())
+            self._producers.clear()
+        for producer in producers:
+            with contextlib.suppress(pulsar.PulsarException):
+                producer.close()

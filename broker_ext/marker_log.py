@@ -1,0 +1,93 @@
+"""The markers of one partition after a base state: the generator's in-memory secondary cursors.
+
+The generator reads each partition once; every subscription's watermark is the fold of the same
+markers up to that subscription's own mark-delete position. Keeping the markers after a base state
+lets every subscription's state move forward by folding just the markers between its old and new
+position, and lets the base move forward once no subscription needs the markers before it.
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from watermark_core.protocol import Marker, Position
+from watermark_core.state import WatermarkState
+
+
+class BeforeBase(LookupError):
+    """The position is before the log's base; the caller must rebuild from a snapshot."""
+
+
+class MarkerLog:
+    """Markers in log order after `base_position`, whose state is `base`."""
+
+    def __init__(self, base: WatermarkState, base_position: Position) -> None:
+        self.base = base
+        self.base_position = base_position
+        self.head_position = base_position
+        self._positions: list[Position] = []
+        self._markers: list[Marker] = []
+
+    def __len__(self) -> int:
+        return len(self._markers)
+
+    @property
+    def last_marker_position(self) -> Position | None:
+        return self._positions[-1] if self._positions else None
+
+    def append(self, marker: Marker) -> None:
+        """Add the next marker read from the partition (positions only go up)."""
+        if marker.position <= self.head_position:
+            raise ValueError(f"marker at {marker.position} is not after the log's head {self.head_position}")
+        self._positions.append(marker.position)
+        self._markers.append(marker)
+        self.head_position = marker.position
+
+    def advance_head(self, position: Position) -> None:
+        """A data message was read: the log is complete up to `position`."""
+        self.head_position = max(self.head_position, position)
+
+    def fold(self, state: WatermarkState, after: Position, up_to: Position) -> WatermarkState:
+        """Apply the markers in (`after`, `up_to`] to `state`, which must be the state at `after`."""
+        if after < self.base_position:
+            raise BeforeBase(f"{after} is before the marker log's base {self.base_position}")
+        start = bisect.bisect_right(self._positions, after)
+        end = bisect.bisect_right(self._positions, up_to)
+        for marker in self._markers[start:end]:
+            state = state.apply(marker)
+        return state
+
+    def state_at(self, position: Position) -> WatermarkState:
+        """The state after every marker at or before `position`."""
+        return self.fold(self.base, self.base_position, position)
+
+    def trim(self, up_to: Position) -> None:
+        """Fold the markers at or before `up_to` into the base; no position before it can be asked again."""
+        up_to = min(up_to, self.head_position)
+        if up_to <= self.base_position:
+            return
+        self.base = self.state_at(up_to)
+        cut = bisect.bisect_right(self._positions, up_to)
+        del self._positions[:cut]
+        del self._markers[:cut]
+        self.base_position = up_to
+
+
+@dataclass
+class SubscriptionTracker:
+    """One subscription's secondary cursor: its state folded up to `applied_to` <= its mark-delete."""
+
+    name: str
+    state: WatermarkState
+    applied_to: Position
+    mark_delete: Position
+    published: int | None = None
+
+    def advance(self, log: MarkerLog) -> None:
+        """Fold forward toward the mark-delete position, never past what the log has read."""
+        target = min(self.mark_delete, log.head_position)
+        if target > self.applied_to:
+            self.state = log.fold(self.state, self.applied_to, target)
+            self.applied_to = target

@@ -1,0 +1,66 @@
+"""Prometheus metrics of the generator, per partition and subscription."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+
+class GeneratorMetrics:
+    """All metrics in one registry of their own, so tests can start several generators in one process."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        sub = ["topic", "partition", "subscription"]
+        part = ["topic", "partition"]
+        self.watermark = Gauge(
+            "wm_watermark_ms", "Watermark of a subscription (ms since epoch)", sub, registry=self.registry
+        )
+        self.watermark_age = Gauge(
+            "wm_watermark_age_seconds", "Wall clock minus the watermark, when it was last computed", sub,
+            registry=self.registry,
+        )  # fmt: skip
+        self.read_lag = Gauge(
+            "wm_read_lag_entries", "Entries between the generator's read position and the partition's tail", part,
+            registry=self.registry,
+        )  # fmt: skip
+        self.markers_applied = Counter(
+            "wm_markers_applied", "Markers folded into the head state", part, registry=self.registry
+        )
+        self.malformed_markers = Counter(
+            "wm_malformed_markers", "Markers skipped as malformed", [*part, "reason"], registry=self.registry
+        )
+        self.broken_assertions = Counter(
+            "wm_broken_assertions", "Messages with event time below their producer's own last W_SET",
+            [*part, "producer"], registry=self.registry,
+        )  # fmt: skip
+        self.snapshots_written = Counter(
+            "wm_snapshots_written", "W_SNAPSHOT records written", part, registry=self.registry
+        )
+        self.last_snapshot = Gauge(
+            "wm_last_snapshot_timestamp_seconds",
+            "When the last W_SNAPSHOT was written",
+            part,
+            registry=self.registry,
+        )
+        self.watermarks_published = Counter(
+            "wm_watermarks_published", "SendWatermark events published", sub, registry=self.registry
+        )
+
+    def serve(self, port: int) -> None:
+        """Expose /metrics on `port` (0: do not serve)."""
+        if port:
+            start_http_server(port, addr="127.0.0.1", registry=self.registry)
+
+    def record_watermark(self, topic: str, partition: int, subscription: str, event_time: int) -> None:
+        labels = (topic, str(partition), subscription)
+        self.watermark.labels(*labels).set(event_time)
+        self.watermark_age.labels(*labels).set(max(0.0, time.time() - event_time / 1000))
+        self.watermarks_published.labels(*labels).inc()
+
+    def forget_subscription(self, topic: str, partition: int, subscription: str) -> None:
+        for gauge in (self.watermark, self.watermark_age):
+            with contextlib.suppress(KeyError):
+                gauge.remove(topic, str(partition), subscription)

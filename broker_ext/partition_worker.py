@@ -1,0 +1,575 @@
+"""The generator's work on one topic partition: read it once, follow every subscription on it.
+
+Ownership: every generator instance subscribes to the partition with the same Failover
+subscription (`__wm_generator`); Pulsar delivers to exactly one active consumer, and that
+instance owns the partition. When it dies, Pulsar makes another consumer active and redelivers
+from the subscription's mark-delete position, which the owner only moves to the stated position of
+a snapshot it has written. So a new owner finds, in what it is delivered, a snapshot of the state
+at (or after) where its reading starts, and never reads the topic from its beginning.
+
+Each subscription has a secondary cursor (`SubscriptionTracker`) that folds the markers up to its
+mark-delete position, read from the admin API only while a marker waits for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pulsar
+
+from broker_ext.admin import AdminError, PulsarAdmin, TopicNotFound, parse_position
+from broker_ext.config import (
+    GENERATOR_SUBSCRIPTION,
+    INTERNAL_SUBSCRIPTIONS,
+    SNAPSHOT_PRODUCER_PREFIX,
+    GeneratorConfig,
+)
+from broker_ext.dispatch import WatermarkDispatcher
+from broker_ext.marker_log import MarkerLog, SubscriptionTracker
+from broker_ext.metrics import GeneratorMetrics
+from watermark_core.protocol import (
+    MARKER_PROPERTY,
+    MalformedMarker,
+    Marker,
+    MarkerKind,
+    Position,
+    WatermarkEvent,
+    base_topic_and_partition,
+    decode_marker,
+    encode_snapshot,
+    entry_end,
+    position_of,
+)
+from watermark_core.state import WatermarkState, is_broken_assertion
+
+log = logging.getLogger(__name__)
+
+BEFORE_EVERYTHING: Position = (-1, -1, -1)
+MAX_BACKOFF_S = 10.0
+
+
+@dataclass
+class SnapshotRef:
+    """Where a snapshot is (`message`) and what it states (`state` at position `at`)."""
+
+    at: Position
+    message: Position
+    previous: Position | None
+    state: dict[str, object] = field(repr=False)
+
+
+@dataclass
+class Context:
+    """What every worker of one generator shares."""
+
+    client: pulsar.Client
+    admin: PulsarAdmin
+    config: GeneratorConfig
+    dispatcher: WatermarkDispatcher
+    metrics: GeneratorMetrics
+
+
+def normalized_mark_delete(stats: dict[str, object], subscription: str) -> tuple[int, int]:
+    """A cursor's mark-delete position, with Pulsar's "(next ledger, -1)" written as the last entry before it."""
+    cursors = stats.get("cursors", {})
+    cursor = cursors.get(subscription, {}) if isinstance(cursors, dict) else {}
+    ledger, entry = parse_position(str(cursor.get("markDeletePosition", "-1:-1")))
+    if entry != -1:
+        return ledger, entry
+    ledgers = stats.get("ledgers", [])
+    earlier = [
+        (int(info["ledgerId"]), int(info.get("entries", 0)))
+        for info in (ledgers if isinstance(ledgers, list) else [])
+        if int(info["ledgerId"]) < ledger and int(info.get("entries", 0)) > 0
+    ]
+    if not earlier:
+        return ledger, entry
+    previous, entries = max(earlier)
+    return previous, entries - 1
+
+
+def message_position(message: pulsar.Message) -> Position:
+    msg_id = message.message_id()
+    return position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+
+
+class PartitionWorker:
+    """Follows one partition topic in a thread of its own."""
+
+    def __init__(self, partition_topic: str, ctx: Context) -> None:
+        self.topic = partition_topic
+        self.base_topic, self.partition = base_topic_and_partition(partition_topic)
+        self.ctx = ctx
+        self.config = ctx.config
+        self.log: MarkerLog | None = None
+        self.head: WatermarkState = WatermarkState.initial(ctx.config.watermark_config)
+        self.trackers: dict[str, SubscriptionTracker] = {}
+        self.durable_subscriptions: set[str] = set()
+        self.snapshots: list[SnapshotRef] = []
+        self.owner = False
+        self.deleted = False
+        self._pending: list[Marker] | None = None  # markers read while looking for the start snapshot
+        self._init_tail: tuple[int, int] | None = None
+        self._init_start: tuple[int, int] | None = None
+        self._init_snapshots: list[SnapshotRef] = []
+        self._last_message: pulsar.Message | None = None
+        self._messages_since_snapshot = 0
+        self._last_snapshot_at = time.monotonic()
+        self._next_poll = 0.0
+        self._next_discovery = 0.0
+        self._malformed_logged: set[str] = set()
+        self._broken_logged: set[str] = set()
+        self._consumer: pulsar.Consumer | None = None
+        self._snapshot_producer: pulsar.Producer | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"wm-{partition_topic.rsplit('/', 1)[-1]}", daemon=True
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set() and not self.deleted:
+            try:
+                self._step()
+                backoff = 0.5
+            except TopicNotFound:
+                log.info("%s: topic deleted; dropping it", self.topic)
+                self.deleted = True
+            except (AdminError, pulsar.PulsarException) as exc:
+                log.warning("%s: %s; retrying in %.1f s", self.topic, exc, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+            except Exception:
+                log.exception(
+                    "%s: unexpected error at read position %s; retrying", self.topic, self._head_position
+                )
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+        self._close_pulsar()
+
+    def _close_pulsar(self) -> None:
+        for closable in (self._consumer, self._snapshot_producer):
+            if closable is not None:
+                with contextlib.suppress(pulsar.PulsarException):
+                    closable.close()
+        self._consumer = None
+        self._snapshot_producer = None
+
+    @property
+    def _head_position(self) -> Position | None:
+        return self.log.head_position if self.log is not None else None
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    def _step(self) -> None:
+        if self._consumer is None:
+            self._consumer = self.ctx.client.subscribe(
+                self.topic, GENERATOR_SUBSCRIPTION,
+                consumer_type=pulsar.ConsumerType.Failover,
+                consumer_name=self.config.instance_id,
+                initial_position=pulsar.InitialPosition.Earliest,
+                receiver_queue_size=1000,
+            )  # fmt: skip
+        self._read_available()
+        now = time.monotonic()
+        if now >= self._next_discovery:
+            self._discover()
+            self._next_discovery = now + self.config.discovery_interval_s
+        if self.log is not None and now >= self._next_poll:
+            self._poll_positions()
+            self._next_poll = now + (
+                self.config.poll_interval_s if self._markers_waiting() else self.config.idle_poll_interval_s
+            )
+        if self.log is not None:
+            self._advance_trackers()
+            self._maybe_snapshot()
+
+    def _read_available(self) -> None:
+        """Read what the broker has for us: wait briefly for the first message, then drain."""
+        assert self._consumer is not None
+        timeout_ms = max(1, int(self.config.poll_interval_s * 1000))
+        for _ in range(10_000):
+            try:
+                message = self._consumer.receive(timeout_millis=timeout_ms)
+            except pulsar.Timeout:
+                if self._pending is not None:
+                    self._finish_init_at_tail()
+                return
+            timeout_ms = 1
+            self.owner = True
+            self._handle(message)
+            if self._stop.is_set():
+                return
+
+    # -- reading the partition -----------------------------------------------------------------------
+
+    def _handle(self, message: pulsar.Message) -> None:
+        position = message_position(message)
+        if self.log is None and self._pending is None:
+            self._begin_init(position)
+        if self.log is not None and position <= self.log.head_position:
+            return  # redelivered after a reconnect: already folded
+        self._last_message = message
+        marker = self._decode(message, position)
+        if self._pending is not None:
+            self._handle_during_init(marker, position)
+            return
+        assert self.log is not None
+        if marker is None:
+            self.log.advance_head(position)
+            self._check_assertion(message)
+            self._messages_since_snapshot += 1
+            return
+        self._fold_head(marker)
+        if marker.kind is not MarkerKind.W_SNAPSHOT or not marker.producer.startswith(
+            SNAPSHOT_PRODUCER_PREFIX
+        ):
+            self._messages_since_snapshot += 1
+
+    def _decode(self, message: pulsar.Message, position: Position) -> Marker | None:
+        properties = message.properties()
+        if MARKER_PROPERTY not in properties:
+            return None
+        try:
+            return decode_marker(
+                properties, message.data(), message.producer_name(), position, message.publish_timestamp()
+            )
+        except MalformedMarker as exc:
+            self.ctx.metrics.malformed_markers.labels(self.base_topic, str(self.partition), exc.reason).inc()
+            if exc.reason not in self._malformed_logged:
+                self._malformed_logged.add(exc.reason)
+                log.warning("%s: skipping malformed marker (%s) from %r at %s: %s",
+                            self.topic, exc.reason, message.producer_name(), position, exc)  # fmt: skip
+            return None
+
+    def _fold_head(self, marker: Marker) -> None:
+        assert self.log is not None
+        self.log.append(marker)
+        self.head = self.head.apply(marker)
+        self.ctx.metrics.markers_applied.labels(self.base_topic, str(self.partition)).inc()
+        if marker.kind is MarkerKind.W_SNAPSHOT:
+            self._index_snapshot(marker)
+
+    def _check_assertion(self, message: pulsar.Message) -> None:
+        """Count messages below their own producer's last W_SET (the producer broke its assertion)."""
+        event_time = message.event_timestamp()
+        producer = message.producer_name()
+        if event_time and is_broken_assertion(self.head, producer, event_time):
+            self.ctx.metrics.broken_assertions.labels(self.base_topic, str(self.partition), producer).inc()
+            if producer not in self._broken_logged:
+                self._broken_logged.add(producer)
+                log.warning("%s: producer %r sent event time %d below its own watermark at %s (a late message)",
+                            self.topic, producer, event_time, message_position(message))  # fmt: skip
+
+    # -- starting from a snapshot --------------------------------------------------------------------
+
+    def _begin_init(self, first: Position) -> None:
+        """We were just made the owner: find the state at where our delivery starts."""
+        stats = self.ctx.admin.internal_stats(self.topic)
+        self._init_tail = parse_position(stats.get("lastConfirmedEntry", "-1:-1"))
+        self._init_start = normalized_mark_delete(stats, GENERATOR_SUBSCRIPTION)
+        self._pending = []
+        self._init_snapshots = []
+        log.info("%s: owner now (instance %s); delivery starts at %s after cursor %s, looking for a snapshot",
+                 self.topic, self.config.instance_id, first[:2], self._init_start)  # fmt: skip
+
+    def _handle_during_init(self, marker: Marker | None, position: Position) -> None:
+        assert self._pending is not None and self._init_start is not None
+        if marker is not None:
+            snapshot = self._snapshot_ref(marker)
+            if snapshot is not None:
+                self._init_snapshots.append(snapshot)
+                if snapshot.at[:2] >= self._init_start:
+                    self._restore(snapshot, marker)
+                    return
+            self._pending.append(marker)
+        if self._init_tail is not None and position[:2] >= self._init_tail:
+            self._finish_init_at_tail()
+
+    def _restore(self, snapshot: SnapshotRef, marker: Marker) -> None:
+        """Start from `snapshot`; fold the markers read after its stated position."""
+        assert self._pending is not None
+        pending, self._pending = self._pending, None
+        self._start_from(WatermarkState.from_dict(snapshot.state, self.config.watermark_config), snapshot.at)
+        for earlier in pending:
+            if earlier.position > snapshot.at:
+                self._fold_head(earlier)
+        self._fold_head(marker)
+        log.info(
+            "%s: restored from the snapshot at %s stating %s",
+            self.topic,
+            marker.position[:2],
+            snapshot.at[:2],
+        )
+
+    def _finish_init_at_tail(self) -> None:
+        """Reached the tail without a snapshot after our cursor."""
+        assert self._pending is not None
+        if self._init_snapshots:
+            # The cursor's position could not be matched (e.g. its ledger was trimmed): the newest
+            # snapshot we were delivered is the best state there is.
+            newest = max(self._init_snapshots, key=lambda s: s.at)
+            marker = next(m for m in self._pending if m.position == newest.message)
+            self._pending = [m for m in self._pending if m.position != newest.message]
+            log.warning(
+                "%s: no snapshot matches the cursor %s; using the newest one", self.topic, self._init_start
+            )
+            self._restore(newest, marker)
+        else:
+            log.info(
+                "%s: no snapshot after the generator's cursor; folding from the start of the log", self.topic
+            )
+            pending, self._pending = self._pending, None
+            self._start_from(WatermarkState.initial(self.config.watermark_config), BEFORE_EVERYTHING)
+            for marker in pending:
+                self._fold_head(marker)
+        if self._last_message is not None and self.log is not None:
+            self.log.advance_head(message_position(self._last_message))
+
+    def _start_from(self, state: WatermarkState, at: Position) -> None:
+        self.head = state
+        self.log = MarkerLog(state, at)
+        self.trackers.clear()
+        self._next_poll = 0.0
+        self._next_discovery = 0.0
+
+    # -- snapshots -----------------------------------------------------------------------------------
+
+    def _snapshot_ref(self, marker: Marker) -> SnapshotRef | None:
+        """A generator's snapshot (others' W_SNAPSHOT records are never trusted)."""
+        if marker.kind is not MarkerKind.W_SNAPSHOT or not marker.producer.startswith(
+            SNAPSHOT_PRODUCER_PREFIX
+        ):
+            return None
+        assert marker.state is not None
+        return SnapshotRef(
+            marker.state["at"], marker.position, marker.state["previous"], marker.state["state"]
+        )
+
+    def _index_snapshot(self, marker: Marker) -> None:
+        ref = self._snapshot_ref(marker)
+        if ref is not None and all(s.message != ref.message for s in self.snapshots):
+            self.snapshots.append(ref)
+            self.snapshots.sort(key=lambda s: s.at)
+            del self.snapshots[:-100]
+
+    def _maybe_snapshot(self) -> None:
+        if (
+            not self.owner
+            or self.log is None
+            or self._last_message is None
+            or self._messages_since_snapshot == 0
+        ):
+            return
+        due = (
+            self._messages_since_snapshot >= self.config.snapshot_interval_messages
+            or time.monotonic() - self._last_snapshot_at >= self.config.snapshot_interval_s
+        )
+        if due:
+            self.write_snapshot()
+
+    def write_snapshot(self) -> None:
+        """Write the head state at the last read position, then let our cursor move up to it."""
+        assert self.log is not None and self._last_message is not None and self._consumer is not None
+        if self._snapshot_producer is None:
+            self._snapshot_producer = self.ctx.client.create_producer(
+                self.topic,
+                producer_name=f"{SNAPSHOT_PRODUCER_PREFIX}{self.config.instance_id}",
+                batching_enabled=False,
+            )
+        at = self.log.head_position
+        previous = max((s.message for s in self.snapshots), default=None)
+        payload = encode_snapshot(self.head.to_dict(), at, previous)
+        self._snapshot_producer.send(payload, properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value})
+        self._consumer.acknowledge_cumulative(self._last_message)
+        self._messages_since_snapshot = 0
+        self._last_snapshot_at = time.monotonic()
+        self.ctx.metrics.snapshots_written.labels(self.base_topic, str(self.partition)).inc()
+        self.ctx.metrics.last_snapshot.labels(self.base_topic, str(self.partition)).set(time.time())
+        self.log.trim(min([t.applied_to for t in self.trackers.values()] + [at]))
+
+    def _state_at(self, target: Position) -> WatermarkState:
+        """The state at any position: from the marker log, else from the nearest snapshot before it."""
+        assert self.log is not None
+        if target >= self.log.base_position:
+            return self.log.state_at(target)
+        snapshot = self._snapshot_before(target)
+        if snapshot is None:
+            state, start = WatermarkState.initial(self.config.watermark_config), BEFORE_EVERYTHING
+        else:
+            state, start = WatermarkState.from_dict(snapshot.state, self.config.watermark_config), snapshot.at
+        return self._replay(state, start, target)
+
+    def _snapshot_before(self, target: Position) -> SnapshotRef | None:
+        """The nearest snapshot stating a position at or before `target`, walking back the chain."""
+        while True:
+            candidates = [s for s in self.snapshots if s.at <= target]
+            if candidates:
+                return max(candidates, key=lambda s: s.at)
+            oldest = min(self.snapshots, key=lambda s: s.at, default=None)
+            if oldest is None or oldest.previous is None:
+                return None
+            marker = self._read_marker_at(oldest.previous)
+            if marker is None or self._snapshot_ref(marker) is None:
+                return None
+            self._index_snapshot(marker)
+
+    def _open_reader(self, start: Position | None, inclusive: bool) -> pulsar.Reader:
+        start_id = (
+            pulsar.MessageId.earliest if start is None or start == BEFORE_EVERYTHING
+            else pulsar.MessageId(-1, start[0], start[1], start[2])
+        )  # fmt: skip
+        return self.ctx.client.create_reader(self.topic, start_id, start_message_id_inclusive=inclusive)
+
+    def _read_marker_at(self, position: Position) -> Marker | None:
+        reader = self._open_reader(position, inclusive=True)
+        try:
+            message = reader.read_next(timeout_millis=10_000)
+            if message_position(message) != position:
+                return None
+            return self._decode(message, position)
+        except pulsar.Timeout:
+            return None
+        finally:
+            reader.close()
+
+    def _replay(self, state: WatermarkState, start: Position, target: Position) -> WatermarkState:
+        """Fold the markers in (start, target] read from the log with a reader of our own."""
+        assert self.log is not None
+        stop_at = min(target, self.log.base_position)
+        reader = self._open_reader(start, inclusive=False)
+        try:
+            while True:
+                try:
+                    message = reader.read_next(timeout_millis=5_000)
+                except pulsar.Timeout:
+                    break
+                position = message_position(message)
+                if position <= start:
+                    continue
+                if position > stop_at:
+                    break
+                marker = self._decode(message, position)
+                if marker is not None:
+                    state = state.apply(marker)
+        finally:
+            reader.close()
+        if target > self.log.base_position:
+            state = self.log.fold(state, self.log.base_position, target)
+        return state
+
+    # -- subscriptions -------------------------------------------------------------------------------
+
+    def _discover(self) -> None:
+        """Durable subscriptions of the partition, and whether we still own it."""
+        stats = self.ctx.admin.topic_stats(self.topic)
+        subscriptions = stats.get("subscriptions", {})
+        ours = subscriptions.get(GENERATOR_SUBSCRIPTION, {})
+        active = ours.get("activeConsumerName")
+        if active and active != self.config.instance_id and self.owner:
+            log.info("%s: now owned by generator %s; dropping our state", self.topic, active)
+            self.owner = False
+            self.log = None
+            self._pending = None
+            self.trackers.clear()
+        self.durable_subscriptions = {
+            name for name, sub in subscriptions.items()
+            if sub.get("isDurable", True) and name not in INTERNAL_SUBSCRIPTIONS
+        }  # fmt: skip
+        for name in list(self.trackers):
+            if name not in self.durable_subscriptions:
+                log.info("%s: subscription %r removed", self.topic, name)
+                del self.trackers[name]
+                self.ctx.metrics.forget_subscription(self.base_topic, self.partition, name)
+
+    def _markers_waiting(self) -> bool:
+        if self.log is None:
+            return False
+        last = self.log.last_marker_position
+        if any(name not in self.trackers for name in self.durable_subscriptions):
+            return True
+        return last is not None and any(t.applied_to < last for t in self.trackers.values())
+
+    def _poll_positions(self) -> None:
+        """Read every subscription's mark-delete position and move its secondary cursor."""
+        assert self.log is not None
+        cursors = self.ctx.admin.internal_stats(self.topic).get("cursors", {})
+        for name in self.durable_subscriptions:
+            cursor = cursors.get(name)
+            if cursor is None:
+                continue
+            mark_delete = entry_end(*parse_position(cursor["markDeletePosition"]))
+            tracker = self.trackers.get(name)
+            if tracker is None:
+                at = min(mark_delete, self.log.head_position)
+                self.trackers[name] = SubscriptionTracker(name, self._state_at(at), at, mark_delete)
+                log.info("%s: following subscription %r from %s", self.topic, name, mark_delete[:2])
+            elif mark_delete < tracker.mark_delete:
+                at = min(mark_delete, self.log.head_position)
+                log.info("%s: subscription %r moved back from %s to %s; recomputing its watermark",
+                         self.topic, name, tracker.mark_delete[:2], mark_delete[:2])  # fmt: skip
+                tracker.state = self._state_at(at)
+                tracker.applied_to = at
+                tracker.mark_delete = mark_delete
+                tracker.published = None
+            else:
+                tracker.mark_delete = mark_delete
+
+    def _advance_trackers(self) -> None:
+        assert self.log is not None
+        for tracker in self.trackers.values():
+            tracker.advance(self.log)
+            watermark = tracker.state.watermark
+            if watermark is not None and watermark != tracker.published and self.owner:
+                self.ctx.dispatcher.publish(
+                    WatermarkEvent(
+                        topic=self.base_topic,
+                        partition=self.partition,
+                        subscription=tracker.name,
+                        event_time=watermark,
+                        position=tracker.mark_delete[:2],
+                        seq=int(time.time() * 1000),
+                        active=tracker.state.active_producers(),
+                        idle=tuple(tracker.state.idle_producers()),
+                        pending=len(tracker.state.pending_txns),
+                    )
+                )
+                tracker.published = watermark
+                self.ctx.metrics.record_watermark(self.base_topic, self.partition, tracker.name, watermark)
+
+    # -- status --------------------------------------------------------------------------------------
+
+    def describe(self) -> dict[str, object]:
+        """What `broker-ext status` shows for this partition."""
+        return {
+            "topic": self.topic,
+            "owner": self.owner,
+            "head": self._head_position,
+            "subscriptions": {
+                name: {
+                    "mark_delete": t.mark_delete[:2],
+                    "watermark": t.state.watermark,
+                    "active": t.state.active_producers(),
+                    "idle": sorted(t.state.idle_producers()),
+                    "pending": len(t.state.pending()),
+                }
+                for name, t in self.trackers.items()
+            },
+        }

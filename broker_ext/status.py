@@ -1,0 +1,89 @@
+"""`broker-ext status TOPIC`: the subscriptions of a topic, their positions and watermarks.
+
+It reads what the generator published (the compacted `<topic>__watermarks`) and the cursors'
+positions from the admin API, so it works whichever generator instance owns each partition.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pulsar
+
+from broker_ext.admin import PulsarAdmin, TopicName
+from broker_ext.config import INTERNAL_SUBSCRIPTIONS
+from broker_ext.settings import PulsarSettings
+from watermark_core.protocol import MalformedMarker, WatermarkEvent, decode_event, watermark_topic_for
+
+
+def latest_events(
+    client: pulsar.Client, topic: str, timeout_s: float = 10.0
+) -> dict[tuple[int, str], WatermarkEvent]:
+    """The latest event per (partition, subscription) published for `topic`."""
+    reader = client.create_reader(
+        watermark_topic_for(topic), pulsar.MessageId.earliest, is_read_compacted=True
+    )
+    latest: dict[tuple[int, str], WatermarkEvent] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline and reader.has_message_available():
+            try:
+                event = decode_event(reader.read_next(timeout_millis=1000).data())
+            except (pulsar.Timeout, MalformedMarker):
+                continue
+            latest[(event.partition, event.subscription)] = event
+    finally:
+        reader.close()
+    return latest
+
+
+def status_rows(settings: PulsarSettings, topic: str) -> list[dict[str, str]]:
+    name = TopicName.parse(topic).full
+    admin = PulsarAdmin(settings)
+    client = settings.client()
+    try:
+        partitions = admin.partitions(name)
+        partition_topics = (
+            [(i, f"{name}-partition-{i}") for i in range(partitions)] if partitions else [(-1, name)]
+        )
+        events = latest_events(client, name)
+        rows = []
+        for index, partition_topic in partition_topics:
+            cursors = admin.internal_stats(partition_topic).get("cursors", {})
+            durable = {
+                sub for sub, info in admin.topic_stats(partition_topic).get("subscriptions", {}).items()
+                if info.get("isDurable", True) and sub not in INTERNAL_SUBSCRIPTIONS
+            }  # fmt: skip
+            for sub in sorted(durable):
+                event = events.get((index, sub))
+                rows.append({
+                    "partition": str(index),
+                    "subscription": sub,
+                    "mark_delete": cursors.get(sub, {}).get("markDeletePosition", "?"),
+                    "watermark": _format_time(event.event_time if event else None),
+                    "at": f"{event.position[0]}:{event.position[1]}" if event else "-",
+                    "active": ", ".join(f"{p}={t}" for p, t in sorted((event.active or {}).items())) if event else "",
+                    "idle": ", ".join(sorted(event.idle or [])) if event else "",
+                    "pending_txns": str(event.pending) if event else "0",
+                })  # fmt: skip
+        return rows
+    finally:
+        client.close()
+        admin.close()
+
+
+def _format_time(event_time: int | None) -> str:
+    if event_time is None:
+        return "none"
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(event_time / 1000))
+    return f"{event_time} ({stamp}.{event_time % 1000:03d} UTC)"
+
+
+def render(rows: list[dict[str, str]]) -> str:
+    if not rows:
+        return "no subscriptions"
+    headers = list(rows[0])
+    widths = {h: max(len(h), *(len(r[h]) for r in rows)) for h in headers}
+    lines = ["  ".join(h.ljust(widths[h]) for h in headers), "  ".join("-" * widths[h] for h in headers)]
+    lines += ["  ".join(r[h].ljust(widths[h]) for h in headers) for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,135 @@
+"""Follows the `SendWatermark` events of one subscription on the topic's companion topic.
+
+The generator publishes one event per (partition, subscription) change to `<topic>__watermarks`;
+compaction keeps the latest per key, so reading the compacted topic from its start gives the
+current watermark at once, and reading on gives every change after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import pulsar
+
+from watermark_core.protocol import (
+    MalformedMarker,
+    Watermark,
+    WatermarkEvent,
+    base_topic_and_partition,
+    decode_event,
+    watermark_topic_for,
+)
+
+log = logging.getLogger(__name__)
+
+CATCH_UP_LIMIT_S = 10.0
+
+
+def partition_indexes(client: pulsar.Client, topic: str) -> list[int]:
+    """The partitions a consumer of `topic` reads: [-1] for a non-partitioned topic."""
+    names = client.get_topic_partitions(topic)
+    base, _ = base_topic_and_partition(topic)
+    if names == [base]:
+        return [-1]
+    return sorted(base_topic_and_partition(name)[1] for name in names)
+
+
+class WatermarkFeed:
+    """The subscription's watermark: the minimum over the partitions it reads."""
+
+    def __init__(
+        self,
+        client: pulsar.Client,
+        topic: str,
+        subscription: str,
+        on_change: Callable[[Watermark], None],
+        partitions: list[int] | None = None,
+    ) -> None:
+        self.topic, _ = base_topic_and_partition(topic)
+        self.subscription = subscription
+        self._on_change = on_change
+        self._partitions = partitions if partitions is not None else partition_indexes(client, topic)
+        self._per_partition: dict[int, int | None] = {}
+        self._current: Watermark | None = None
+        self._lock = threading.Lock()
+        self.events_seen = 0
+        self.malformed_events = 0
+        self._reader = client.create_reader(
+            watermark_topic_for(topic), pulsar.MessageId.earliest, is_read_compacted=True
+        )
+        self._stop = threading.Event()
+        self._catch_up()
+        self._thread = threading.Thread(target=self._run, name=f"wm-feed-{subscription}", daemon=True)
+        self._thread.start()
+
+    @property
+    def current(self) -> Watermark | None:
+        with self._lock:
+            return self._current
+
+    def _catch_up(self) -> None:
+        """Read what is already there, so the latest watermark is known when the consumer attaches."""
+        deadline = time.monotonic() + CATCH_UP_LIMIT_S
+        while time.monotonic() < deadline and self._reader.has_message_available():
+            try:
+                self._handle(self._reader.read_next(timeout_millis=1000))
+            except pulsar.Timeout:
+                break
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                message = self._reader.read_next(timeout_millis=200)
+            except pulsar.Timeout:
+                continue
+            except pulsar.AlreadyClosed:
+                return
+            except Exception:  # the reader reconnects by itself; keep following
+                if self._stop.is_set():
+                    return
+                log.warning("reading watermarks of %s failed; retrying", self.topic, exc_info=True)
+                time.sleep(1)
+                continue
+            self._handle(message)
+
+    def _handle(self, message: pulsar.Message) -> None:
+        try:
+            event = decode_event(message.data())
+        except MalformedMarker as exc:
+            self.malformed_events += 1
+            if self.malformed_events == 1:
+                log.warning(
+                    "skipping malformed watermark event at %s on %s: %s",
+                    message.message_id(),
+                    message.topic_name(),
+                    exc,
+                )
+            return
+        self._apply(event)
+
+    def _apply(self, event: WatermarkEvent) -> None:
+        if event.subscription != self.subscription or event.topic != self.topic:
+            return
+        if event.partition not in self._partitions:
+            return
+        with self._lock:
+            self.events_seen += 1
+            self._per_partition[event.partition] = event.event_time
+            times = [self._per_partition.get(p) for p in self._partitions]
+            if any(t is None for t in times):
+                return
+            combined = Watermark(min(t for t in times if t is not None))
+            if combined == self._current:
+                return
+            self._current = combined
+        self._on_change(combined)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        with contextlib.suppress(pulsar.PulsarException):
+            self._reader.close()

@@ -1,0 +1,77 @@
+"""Runs `broker-ext serve` as a real process against the test broker, so tests can kill -9 it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from broker_ext.settings import PulsarSettings
+
+FAST = {
+    "WM_POLL_INTERVAL_S": "0.02",
+    "WM_IDLE_POLL_INTERVAL_S": "0.5",
+    "WM_SNAPSHOT_INTERVAL_S": "1",
+    "WM_SNAPSHOT_INTERVAL_MESSAGES": "50",
+    "WM_METRICS_PORT": "0",
+}
+
+
+class GeneratorProcess:
+    """One generator instance; `kill()` is a `kill -9`."""
+
+    def __init__(self, settings: PulsarSettings, log_path: Path, instance_id: str, **env: str) -> None:
+        self.settings = settings
+        self.log_path = log_path
+        self.instance_id = instance_id
+        self.env = {**FAST, **env}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> GeneratorProcess:
+        environment = {
+            **os.environ,
+            "PULSAR_SERVICE_URL": self.settings.service_url,
+            "PULSAR_ADMIN_URL": self.settings.admin_url,
+            "WM_INSTANCE_ID": self.instance_id,
+            **self.env,
+        }
+        with self.log_path.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "broker_ext.cli", "serve"],
+                env=environment,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def wait_for(predicate: object, timeout_s: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

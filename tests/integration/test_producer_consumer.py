@@ -1,0 +1,234 @@
+"""WatermarkProducer and WatermarkConsumer on the real broker (no generator needed here)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pulsar
+import pytest
+
+from broker_ext.admin import PulsarAdmin
+from consumer import Watermark, WatermarkConsumer, WatermarkListener
+from producer import TransactionClosedError, WatermarkProducer
+from watermark_core.protocol import MARKER_PROPERTY
+
+
+class Recorder(WatermarkListener):
+    """Records what the listener sees, with the thread it ran on."""
+
+    def __init__(self, ack: bool = True) -> None:
+        self.ack = ack
+        self.events: list[tuple[str, object]] = []
+        self.threads: set[str] = set()
+        self.lock = threading.Lock()
+
+    def received(self, consumer: WatermarkConsumer, message: pulsar.Message) -> None:
+        with self.lock:
+            self.events.append(("msg", message.data()))
+            self.threads.add(threading.current_thread().name)
+        if self.ack:
+            consumer.acknowledge(message)
+
+    def received_watermark(self, consumer: WatermarkConsumer, watermark: Watermark) -> None:
+        with self.lock:
+            self.events.append(("wm", watermark.event_time))
+            self.threads.add(threading.current_thread().name)
+
+    def messages(self) -> list[object]:
+        with self.lock:
+            return [value for kind, value in self.events if kind == "msg"]
+
+
+def wait_until(predicate: object, timeout_s: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def backlog(admin: PulsarAdmin, topic: str, subscription: str) -> int:
+    return int(admin.topic_stats(topic)["subscriptions"][subscription]["msgBacklog"])
+
+
+def partition_backlogs(admin: PulsarAdmin, topic: str, partitions: int, subscription: str) -> list[int]:
+    return [backlog(admin, f"{topic}-partition-{i}", subscription) for i in range(partitions)]
+
+
+def test_markers_never_reach_the_listener_and_the_backlog_drains(
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
+) -> None:
+    recorder = Recorder()
+    consumer = WatermarkConsumer(pulsar_client, topic, "sub", listener=recorder)
+    producer = WatermarkProducer(pulsar_client, topic, producer_name="p1")
+    expected = []
+    for i in range(30):
+        producer.send(f"m{i}".encode(), event_timestamp=1_000 + i)
+        expected.append(f"m{i}".encode())
+        if i % 5 == 4:
+            producer.new_watermark().event_time(1_000 + i).send()
+    txn = producer.new_transaction()
+    producer.new_watermark(txn).event_time(2_000).send()
+    txn.commit()
+    producer.new_watermark().mark_idle().send()
+
+    wait_until(lambda: len(recorder.messages()) == 30, what="30 data messages")
+    assert recorder.messages() == expected
+    wait_until(lambda: backlog(admin, topic, "sub") == 0, what="backlog 0")
+    assert consumer.markers_hidden == 6 + 2 + 1
+    assert not consumer.malformed_markers
+    consumer.close()
+    producer.close()
+
+
+def test_receive_returns_only_data_and_acks_markers(
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
+) -> None:
+    consumer = WatermarkConsumer(pulsar_client, topic, "sub")
+    producer = WatermarkProducer(pulsar_client, topic)
+    producer.new_watermark().event_time(5).send()
+    producer.send(b"a", event_timestamp=10)
+    producer.new_watermark().event_time(10).send()
+    producer.send(b"b", event_timestamp=11)
+    producer.new_watermark().event_time(11).send()
+    got = []
+    for _ in range(2):
+        message = consumer.receive(timeout_millis=10_000)
+        got.append(message.data())
+        consumer.acknowledge(message)
+    assert got == [b"a", b"b"]
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(timeout_millis=500)
+    wait_until(lambda: backlog(admin, topic, "sub") == 0, what="backlog 0")
+    assert consumer.get_last_watermark() is None  # no generator runs in this test
+    consumer.close()
+    producer.close()
+
+
+def test_markers_go_to_every_partition(pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str) -> None:
+    admin.create_topic(topic, partitions=3)
+    producer = WatermarkProducer(pulsar_client, topic, producer_name="bcast")
+    ids = producer.new_watermark().event_time(42).send()
+    assert sorted(i.partition() for i in ids) == [0, 1, 2]
+    keyed = [producer.send(b"k", partition_key="same-key") for _ in range(5)]
+    assert len({i.partition() for i in keyed}) == 1
+    spread = [producer.send(b"x") for _ in range(6)]
+    assert {i.partition() for i in spread} == {0, 1, 2}
+    producer.close()  # sends W_IDLE to every partition too
+
+    for partition in range(3):
+        reader = pulsar_client.create_reader(f"{topic}-partition-{partition}", pulsar.MessageId.earliest)
+        kinds = []
+        while reader.has_message_available():
+            message = reader.read_next(timeout_millis=5_000)
+            kinds.append(message.properties().get(MARKER_PROPERTY))
+            assert message.producer_name() == "bcast"
+        reader.close()
+        assert kinds[0] == "W_SET"
+        assert kinds[-1] == "W_IDLE"
+
+
+@pytest.mark.parametrize(
+    "consumer_type",
+    [
+        pulsar.ConsumerType.Exclusive,
+        pulsar.ConsumerType.Failover,
+        pulsar.ConsumerType.Shared,
+        pulsar.ConsumerType.KeyShared,
+    ],
+)
+def test_every_subscription_type_gets_all_data_and_no_markers(
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str, consumer_type: pulsar.ConsumerType
+) -> None:
+    admin.create_topic(topic, partitions=2)
+    consumers_count = 1 if consumer_type == pulsar.ConsumerType.Exclusive else 2
+    recorders = [Recorder() for _ in range(consumers_count)]
+    consumers = [
+        WatermarkConsumer(pulsar_client, topic, "sub", listener=r, consumer_type=consumer_type)
+        for r in recorders
+    ]
+    producer = WatermarkProducer(pulsar_client, topic, producer_name=f"types-{consumer_type}")
+    expected = set()
+    for i in range(40):
+        producer.send(f"m{i}".encode(), partition_key=f"k{i % 7}", event_timestamp=100 + i)
+        expected.add(f"m{i}".encode())
+        if i % 10 == 0:
+            producer.new_watermark().event_time(100 + i).send()
+    wait_until(lambda: sum(len(r.messages()) for r in recorders) == 40, what="40 messages")
+    got = [m for r in recorders for m in r.messages()]
+    assert sorted(got) == sorted(expected)  # each once, no marker among them
+    wait_until(lambda: partition_backlogs(admin, topic, 2, "sub") == [0, 0], what="backlogs 0")
+    for c in consumers:
+        c.close()
+    producer.close()
+
+
+def test_malformed_markers_from_a_raw_producer_are_skipped_and_nothing_is_lost(
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    recorder = Recorder()
+    consumer = WatermarkConsumer(pulsar_client, topic, "sub", listener=recorder)
+    raw = pulsar_client.create_producer(topic, producer_name="raw")
+    bad = [
+        ({MARKER_PROPERTY: "W_SET"}, b"\xc1not msgpack"),
+        ({MARKER_PROPERTY: "W_BOGUS"}, b"\x80"),
+        ({MARKER_PROPERTY: "W_SET"}, b"\x81\xa1v\x01"),  # no event_time
+        ({MARKER_PROPERTY: "W_SET"}, b"\x81\xa1v\x01"),
+    ]
+    with caplog.at_level(logging.WARNING, logger="consumer"):
+        for i, (properties, payload) in enumerate(bad):
+            raw.send(f"d{i}".encode())
+            raw.send(payload, properties=properties)
+        raw.send(b"last")
+        wait_until(lambda: len(recorder.messages()) == 5, what="5 data messages")
+    assert recorder.messages() == [b"d0", b"d1", b"d2", b"d3", b"last"]
+    assert sum(consumer.malformed_markers.values()) == 4
+    wait_until(lambda: backlog(admin, topic, "sub") == 0, what="backlog 0")
+    malformed_logs = [r for r in caplog.records if "malformed marker" in r.getMessage()]
+    assert len(malformed_logs) == len(consumer.malformed_markers)  # once per kind, not once per marker
+    consumer.close()
+    raw.close()
+
+
+def test_no_generator_still_delivers_and_warns_once(
+    pulsar_client: pulsar.Client, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    recorder = Recorder()
+    with caplog.at_level(logging.WARNING, logger="consumer"):
+        consumer = WatermarkConsumer(
+            pulsar_client, topic, "sub", listener=recorder, no_watermark_warning_s=0.5
+        )
+        producer = WatermarkProducer(pulsar_client, topic)
+        producer.send(b"x")
+        producer.new_watermark().event_time(1).send()
+        wait_until(lambda: recorder.messages() == [b"x"], what="the message")
+        time.sleep(1.0)
+    warnings = [r for r in caplog.records if "no watermark arrived" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "broker-ext serve" in warnings[0].getMessage()
+    consumer.close()
+    producer.close()
+
+
+def test_producer_validates_inputs(pulsar_client: pulsar.Client, topic: str) -> None:
+    producer = WatermarkProducer(pulsar_client, topic)
+    for bad in (-1, 1.5, "10", True, None):
+        with pytest.raises(ValueError, match="event_time"):
+            producer.new_watermark().event_time(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"\.event_time\(t_ms\) or \.mark_idle\(\)"):
+        producer.new_watermark().send()
+    with pytest.raises(ValueError, match="reserved"):
+        producer.send(b"x", properties={MARKER_PROPERTY: "W_SET"})
+    txn = producer.new_transaction()
+    producer.new_watermark(txn).event_time(5).send()
+    txn.commit()
+    with pytest.raises(TransactionClosedError, match="already committed"):
+        producer.new_watermark(txn).event_time(6).send()
+    with pytest.raises(TransactionClosedError):
+        txn.abort()
+    producer.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        producer.new_watermark().event_time(7).send()
