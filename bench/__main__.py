@@ -1,3 +1,22 @@
-"""Placeholder until the first benchmarks land."""
+"""`make bench`: every benchmark in one run against one real cluster; writes docs/BENCHMARKS.md."""
 
-print("no benchmarks yet")
+from __future__ import annotations
+
+from bench import client_throughput
+from bench.common import bench_cluster, say, write_results
+from broker_ext.local_cluster import PULSAR_VERSION
+
+
+def main() -> None:
+    with bench_cluster() as settings:
+        figures: dict[str, float | int | str] = {"pulsar_version": PULSAR_VERSION}
+        say("client throughput (issue 3)")
+        figures.update(client_throughput.run(settings))
+        write_results(figures)
+    for key, value in figures.items():
+        if not key.endswith("_how"):
+            say(f"{key} = {value}")
+
+
+if __name__ == "__main__":
+    main()

@@ -92,8 +92,7 @@ class PulsarAdmin:
             )
         if response.status_code >= 400:
             raise AdminError(
-                f"Pulsar admin API {method} {path} failed with {response.status_code}: "
-                f"{response.text.strip()[:300]}",
+                f"Pulsar admin API {method} {path} failed with {response.status_code}: {response.text.strip()[:300]}",
                 response.status_code,
             )
         if not response.content:
@@ -113,6 +112,14 @@ class PulsarAdmin:
             return "public/default" in (self._call("GET", "namespaces/public") or [])
         except AdminError:
             return False
+
+    def create_namespace(self, namespace: str) -> None:
+        """Create `tenant/namespace` unless it exists."""
+        try:
+            self._call("PUT", f"namespaces/{namespace}")
+        except AdminError as exc:
+            if exc.status != 409:
+                raise
 
     def list_topics(self, namespace: str = "public/default") -> list[str]:
         """Every persistent topic of a namespace: partitions and non-partitioned topics."""

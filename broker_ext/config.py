@@ -34,9 +34,7 @@ class GeneratorConfig:
 
     @property
     def watermark_config(self) -> WatermarkConfig:
-        return WatermarkConfig(
-            producer_timeout_ms=self.producer_timeout_ms, txn_timeout_ms=self.txn_timeout_ms
-        )
+        return WatermarkConfig(producer_timeout_ms=self.producer_timeout_ms, txn_timeout_ms=self.txn_timeout_ms)
 
 
 def _env(name: str, default: str) -> str:

@@ -121,8 +121,7 @@ def ensure_pulsar_jars(version: str = PULSAR_VERSION) -> Path:
     if proc.returncode != 0:
         reason = _maven_failure(log_path)
         raise ClusterError(
-            f"downloading Pulsar {version} failed ({reason}); check access to Maven Central, "
-            f"see {log_path}, then retry"
+            f"downloading Pulsar {version} failed ({reason}); check access to Maven Central, see {log_path}, then retry"
         )
     size_mb = sum(p.stat().st_size for p in lib.glob("*.jar")) / 1e6
     say(f"fetched {len(list(lib.glob('*.jar')))} jars, {size_mb:.0f} MB ({downloaded} files downloaded)")
@@ -142,18 +141,14 @@ def check_java() -> str:
     java_home = os.environ.get("JAVA_HOME")
     java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
     if not java or not Path(java).exists():
-        raise ClusterError(
-            "Java is not installed; install Java 17+ (apt-get install openjdk-17-jre-headless)"
-        )
+        raise ClusterError("Java is not installed; install Java 17+ (apt-get install openjdk-17-jre-headless)")
     out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
     match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
     major = int(match.group(1)) if match else 0
     if major == 1 and match and match.group(2):  # "1.8" style
         major = int(match.group(2))
     if major < MIN_JAVA:
-        raise ClusterError(
-            f"Java {major} found at {java}; Pulsar needs Java {MIN_JAVA}+, install it or set JAVA_HOME"
-        )
+        raise ClusterError(f"Java {major} found at {java}; Pulsar needs Java {MIN_JAVA}+, install it or set JAVA_HOME")
     return java
 
 
@@ -171,6 +166,7 @@ class LocalCluster:
     with_generator: bool = True
     heap: str = "1g"
     extra_broker_config: dict[str, str] = field(default_factory=dict)
+    generator_env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, state_dir: Path | None = None) -> LocalCluster:
@@ -314,7 +310,12 @@ class LocalCluster:
             time.sleep(0.5)
 
     def _start_generator(self) -> None:
-        env = {**os.environ, "PULSAR_SERVICE_URL": self.service_url, "PULSAR_ADMIN_URL": self.admin_url}
+        env = {
+            **os.environ,
+            "PULSAR_SERVICE_URL": self.service_url,
+            "PULSAR_ADMIN_URL": self.admin_url,
+            **self.generator_env,
+        }
         with (self.state_dir / "generator.log").open("ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "broker_ext.cli", "serve"], stdout=out, stderr=subprocess.STDOUT,
@@ -323,7 +324,11 @@ class LocalCluster:
         self._pid_file("generator").write_text(f"{proc.pid}\n")
         time.sleep(0.5)
         if proc.poll() is not None:
-            raise ClusterError(f"the watermark generator exited at once; see {self.state_dir}/generator.log")
+            last = (self.state_dir / "generator.log").read_text(errors="replace").strip().splitlines()[-1:]
+            raise ClusterError(
+                f"the watermark generator exited at once ({last[0] if last else 'no output'}); "
+                f"see {self.state_dir}/generator.log"
+            )
         say(f"watermark generator started (pid {proc.pid}), log {self.state_dir}/generator.log")
 
     def stop_generator(self) -> None:

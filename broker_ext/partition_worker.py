@@ -29,7 +29,7 @@ from broker_ext.config import (
     GeneratorConfig,
 )
 from broker_ext.dispatch import WatermarkDispatcher
-from broker_ext.marker_log import MarkerLog, SubscriptionTracker
+from broker_ext.marker_log import BeforeBase, MarkerLog, SubscriptionTracker
 from broker_ext.metrics import GeneratorMetrics
 from watermark_core.protocol import (
     MARKER_PROPERTY,
@@ -126,9 +126,7 @@ class PartitionWorker:
         self._consumer: pulsar.Consumer | None = None
         self._snapshot_producer: pulsar.Producer | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"wm-{partition_topic.rsplit('/', 1)[-1]}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name=f"wm-{partition_topic.rsplit('/', 1)[-1]}", daemon=True)
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -157,9 +155,7 @@ class PartitionWorker:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
             except Exception:
-                log.exception(
-                    "%s: unexpected error at read position %s; retrying", self.topic, self._head_position
-                )
+                log.exception("%s: unexpected error at read position %s; retrying", self.topic, self._head_position)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
         self._close_pulsar()
@@ -228,6 +224,8 @@ class PartitionWorker:
             return  # redelivered after a reconnect: already folded
         self._last_message = message
         marker = self._decode(message, position)
+        if marker is None or not marker.producer.startswith(SNAPSHOT_PRODUCER_PREFIX):
+            self._messages_since_snapshot += 1  # our own snapshots do not call for another one
         if self._pending is not None:
             self._handle_during_init(marker, position)
             return
@@ -235,13 +233,8 @@ class PartitionWorker:
         if marker is None:
             self.log.advance_head(position)
             self._check_assertion(message)
-            self._messages_since_snapshot += 1
             return
         self._fold_head(marker)
-        if marker.kind is not MarkerKind.W_SNAPSHOT or not marker.producer.startswith(
-            SNAPSHOT_PRODUCER_PREFIX
-        ):
-            self._messages_since_snapshot += 1
 
     def _decode(self, message: pulsar.Message, position: Position) -> Marker | None:
         properties = message.properties()
@@ -328,14 +321,10 @@ class PartitionWorker:
             newest = max(self._init_snapshots, key=lambda s: s.at)
             marker = next(m for m in self._pending if m.position == newest.message)
             self._pending = [m for m in self._pending if m.position != newest.message]
-            log.warning(
-                "%s: no snapshot matches the cursor %s; using the newest one", self.topic, self._init_start
-            )
+            log.warning("%s: no snapshot matches the cursor %s; using the newest one", self.topic, self._init_start)
             self._restore(newest, marker)
         else:
-            log.info(
-                "%s: no snapshot after the generator's cursor; folding from the start of the log", self.topic
-            )
+            log.info("%s: no snapshot after the generator's cursor; folding from the start of the log", self.topic)
             pending, self._pending = self._pending, None
             self._start_from(WatermarkState.initial(self.config.watermark_config), BEFORE_EVERYTHING)
             for marker in pending:
@@ -354,14 +343,14 @@ class PartitionWorker:
 
     def _snapshot_ref(self, marker: Marker) -> SnapshotRef | None:
         """A generator's snapshot (others' W_SNAPSHOT records are never trusted)."""
-        if marker.kind is not MarkerKind.W_SNAPSHOT or not marker.producer.startswith(
-            SNAPSHOT_PRODUCER_PREFIX
-        ):
+        if marker.kind is not MarkerKind.W_SNAPSHOT or not marker.producer.startswith(SNAPSHOT_PRODUCER_PREFIX):
             return None
         assert marker.state is not None
-        return SnapshotRef(
-            marker.state["at"], marker.position, marker.state["previous"], marker.state["state"]
-        )
+        at = marker.state.get("position")
+        if not isinstance(at, list) or len(at) != 3:
+            log.warning("%s: snapshot at %s states no position; ignored", self.topic, marker.position)
+            return None
+        return SnapshotRef((int(at[0]), int(at[1]), int(at[2])), marker.position, marker.previous, marker.state)
 
     def _index_snapshot(self, marker: Marker) -> None:
         ref = self._snapshot_ref(marker)
@@ -371,12 +360,7 @@ class PartitionWorker:
             del self.snapshots[:-100]
 
     def _maybe_snapshot(self) -> None:
-        if (
-            not self.owner
-            or self.log is None
-            or self._last_message is None
-            or self._messages_since_snapshot == 0
-        ):
+        if not self.owner or self.log is None or self._last_message is None or self._messages_since_snapshot == 0:
             return
         due = (
             self._messages_since_snapshot >= self.config.snapshot_interval_messages
@@ -396,7 +380,7 @@ class PartitionWorker:
             )
         at = self.log.head_position
         previous = max((s.message for s in self.snapshots), default=None)
-        payload = encode_snapshot(self.head.to_dict(), at, previous)
+        payload = encode_snapshot(self.head.advanced_to(at).to_dict(), previous)
         self._snapshot_producer.send(payload, properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value})
         self._consumer.acknowledge_cumulative(self._last_message)
         self._messages_since_snapshot = 0
@@ -535,7 +519,11 @@ class PartitionWorker:
     def _advance_trackers(self) -> None:
         assert self.log is not None
         for tracker in self.trackers.values():
-            tracker.advance(self.log)
+            try:
+                tracker.advance(self.log)
+            except BeforeBase:  # a subscription far behind: rebuild from the nearest snapshot
+                target = min(tracker.mark_delete, self.log.head_position)
+                tracker.state, tracker.applied_to = self._state_at(target), target
             watermark = tracker.state.watermark
             if watermark is not None and watermark != tracker.published and self.owner:
                 self.ctx.dispatcher.publish(

@@ -47,9 +47,7 @@ class GeneratorService:
         for topic in self.config.topics:
             name = TopicName.parse(topic).full
             partitions = self.admin.partitions(name)
-            found.update(f"{name}-partition-{i}" for i in range(partitions)) if partitions else found.add(
-                name
-            )
+            found.update(f"{name}-partition-{i}" for i in range(partitions)) if partitions else found.add(name)
         return {t for t in found if is_followable(t)}
 
     def sync_workers(self) -> None:

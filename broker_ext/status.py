@@ -16,13 +16,9 @@ from broker_ext.settings import PulsarSettings
 from watermark_core.protocol import MalformedMarker, WatermarkEvent, decode_event, watermark_topic_for
 
 
-def latest_events(
-    client: pulsar.Client, topic: str, timeout_s: float = 10.0
-) -> dict[tuple[int, str], WatermarkEvent]:
+def latest_events(client: pulsar.Client, topic: str, timeout_s: float = 10.0) -> dict[tuple[int, str], WatermarkEvent]:
     """The latest event per (partition, subscription) published for `topic`."""
-    reader = client.create_reader(
-        watermark_topic_for(topic), pulsar.MessageId.earliest, is_read_compacted=True
-    )
+    reader = client.create_reader(watermark_topic_for(topic), pulsar.MessageId.earliest, is_read_compacted=True)
     latest: dict[tuple[int, str], WatermarkEvent] = {}
     deadline = time.monotonic() + timeout_s
     try:
@@ -43,9 +39,7 @@ def status_rows(settings: PulsarSettings, topic: str) -> list[dict[str, str]]:
     client = settings.client()
     try:
         partitions = admin.partitions(name)
-        partition_topics = (
-            [(i, f"{name}-partition-{i}") for i in range(partitions)] if partitions else [(-1, name)]
-        )
+        partition_topics = [(i, f"{name}-partition-{i}") for i in range(partitions)] if partitions else [(-1, name)]
         events = latest_events(client, name)
         rows = []
         for index, partition_topic in partition_topics:
@@ -62,8 +56,8 @@ def status_rows(settings: PulsarSettings, topic: str) -> list[dict[str, str]]:
                     "mark_delete": cursors.get(sub, {}).get("markDeletePosition", "?"),
                     "watermark": _format_time(event.event_time if event else None),
                     "at": f"{event.position[0]}:{event.position[1]}" if event else "-",
-                    "active": ", ".join(f"{p}={t}" for p, t in sorted((event.active or {}).items())) if event else "",
-                    "idle": ", ".join(sorted(event.idle or [])) if event else "",
+                    "active": ", ".join(f"{p}={t}" for p, t in sorted(event.active.items())) if event else "",
+                    "idle": ", ".join(sorted(event.idle)) if event else "",
                     "pending_txns": str(event.pending) if event else "0",
                 })  # fmt: skip
         return rows

@@ -58,14 +58,10 @@ class WatermarkConsumer:
         self._late: weakref.WeakSet[pulsar.Message] = weakref.WeakSet()
         self._delivered: Watermark | None = None
         self._closed = False
-        self._queue: queue.Queue[Any] = queue.Queue(
-            maxsize=subscribe_options.get("receiver_queue_size", 1000)
-        )
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=subscribe_options.get("receiver_queue_size", 1000))
         self._dispatcher: threading.Thread | None = None
         if listener is not None:
-            self._dispatcher = threading.Thread(
-                target=self._dispatch, name=f"wm-listener-{subscription}", daemon=True
-            )
+            self._dispatcher = threading.Thread(target=self._dispatch, name=f"wm-listener-{subscription}", daemon=True)
             self._dispatcher.start()
         self._feed = WatermarkFeed(client, topic, subscription, self._on_watermark)
         if self._feed.current is not None:
@@ -99,14 +95,12 @@ class WatermarkConsumer:
 
     # -- messages ------------------------------------------------------------------------------------
 
-    def _hide_marker(self, message: pulsar.Message) -> bool:
-        """Acknowledge and drop a marker; True if `message` was one."""
-        if MARKER_PROPERTY not in message.properties():
-            return False
+    def _hide_marker(self, message: pulsar.Message, properties: dict[str, str]) -> None:
+        """Acknowledge and drop a marker, counting (and logging once per kind) a malformed one."""
         msg_id = message.message_id()
         try:
             decode_marker(
-                message.properties(),
+                properties,
                 message.data(),
                 message.producer_name(),
                 position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index()),
@@ -121,13 +115,13 @@ class WatermarkConsumer:
                     exc.reason, message.producer_name(), msg_id, message.topic_name(), exc,
                 )  # fmt: skip
         self._consumer.acknowledge(message)
-        return True
 
     def _note_lateness(self, message: pulsar.Message, watermark: Watermark | None) -> None:
-        event_time = message.event_timestamp()
-        if watermark is not None and event_time and event_time < watermark.event_time:
-            self.late_messages += 1
-            self._late.add(message)
+        if watermark is not None:
+            event_time = message.event_timestamp()
+            if event_time and event_time < watermark.event_time:
+                self.late_messages += 1
+                self._late.add(message)
 
     def is_late(self, message: pulsar.Message) -> bool:
         """True if the message's event time was below this consumer's watermark when it was handed over."""
@@ -137,21 +131,29 @@ class WatermarkConsumer:
         """The next data message; markers are acknowledged and skipped within the same timeout."""
         if self._listener is not None:
             raise RuntimeError("this consumer has a listener; messages go to it, not to receive()")
-        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
-        while True:
-            if deadline is None:
+        if timeout_millis is None:
+            message = self._consumer.receive()
+        else:
+            deadline = time.monotonic() + timeout_millis / 1000
+            message = self._consumer.receive(timeout_millis=timeout_millis)
+        properties = message.properties()
+        while MARKER_PROPERTY in properties:
+            self._hide_marker(message, properties)
+            if timeout_millis is None:
                 message = self._consumer.receive()
             else:
-                left = max(0, int((deadline - time.monotonic()) * 1000))
-                message = self._consumer.receive(timeout_millis=left)
-            if not self._hide_marker(message):
-                self._note_lateness(message, self._feed.current)
-                return message
+                message = self._consumer.receive(timeout_millis=max(0, int((deadline - time.monotonic()) * 1000)))
+            properties = message.properties()
+        self._note_lateness(message, self._feed.current)
+        return message
 
     def _on_message(self, _consumer: pulsar.Consumer, message: pulsar.Message) -> None:
         """Runs on the client's listener thread: hide markers, queue data for the dispatcher."""
         try:
-            if not self._hide_marker(message):
+            properties = message.properties()
+            if MARKER_PROPERTY in properties:
+                self._hide_marker(message, properties)
+            else:
                 self._queue.put(message)
         except Exception:
             log.exception("handling message %s of %s failed", message.message_id(), self.topic)

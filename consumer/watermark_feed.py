@@ -68,8 +68,7 @@ class WatermarkFeed:
 
     @property
     def current(self) -> Watermark | None:
-        with self._lock:
-            return self._current
+        return self._current  # one attribute read: atomic, no lock on the message path
 
     def _catch_up(self) -> None:
         """Read what is already there, so the latest watermark is known when the consumer attaches."""

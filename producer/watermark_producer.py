@@ -162,9 +162,7 @@ class WatermarkProducer:
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         if self._ingestion_interval_s or self._keepalive_s:
-            self._ticker = threading.Thread(
-                target=self._tick, name=f"wm-producer-{self.producer_name}", daemon=True
-            )
+            self._ticker = threading.Thread(target=self._tick, name=f"wm-producer-{self.producer_name}", daemon=True)
             self._ticker.start()
 
     @property
@@ -278,9 +276,7 @@ class WatermarkProducer:
                     if event_time is not None:
                         self.new_watermark().event_time(event_time).send_async()
             except Exception:  # a broker hiccup must not kill the ticker; the next tick retries
-                log.warning(
-                    "watermark keepalive for %s on %s failed", self.producer_name, self.topic, exc_info=True
-                )
+                log.warning("watermark keepalive for %s on %s failed", self.producer_name, self.topic, exc_info=True)
 
     # -- lifecycle ----------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import pytest
 from broker_ext.admin import PulsarAdmin
 from broker_ext.settings import PulsarSettings
 from tests.harness import real_pulsar
+from tests.integration.generator_process import GeneratorProcess
 
 _HERE = Path(__file__).parent
 
@@ -47,3 +48,22 @@ def admin(pulsar_settings: PulsarSettings) -> Iterator[PulsarAdmin]:
 def topic() -> str:
     """A fresh topic name in public/default for each test."""
     return f"persistent://public/default/test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def generator(pulsar_settings: PulsarSettings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeneratorProcess]:
+    """One `broker-ext serve` process following public/default for the whole session."""
+    process = GeneratorProcess(
+        pulsar_settings, tmp_path_factory.mktemp("generator") / "generator.log", "session-generator",
+        WM_NAMESPACES="public/default",
+    ).start()  # fmt: skip
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def namespace(admin: PulsarAdmin) -> str:
+    """A namespace of its own, for tests that run (and kill) generators of their own."""
+    name = f"public/ns-{uuid.uuid4().hex[:10]}"
+    admin.create_namespace(name)
+    return name

@@ -1,28 +1,77 @@
-"""The marker protocol and the pure watermark state machine that every component imports."""
+"""The marker protocol and the pure watermark state machine: the one place every component imports.
+
+No I/O here (only msgpack and the standard library), so that the generator, the consumer, the Spark
+source and the tests compute the same watermark from the same log.
+"""
 
 from watermark_core.protocol import (
+    EVENT_PROPERTY,
     MARKER_PROPERTY,
+    PROTOCOL_VERSION,
+    SEND_WATERMARK,
+    WATERMARK_TOPIC_SUFFIX,
     MalformedMarker,
     Marker,
     MarkerKind,
     Position,
     Watermark,
     WatermarkEvent,
+    base_topic_and_partition,
+    decode_event,
     decode_marker,
+    encode_event,
+    encode_idle,
+    encode_set,
+    encode_snapshot,
+    encode_txn_abort,
+    encode_txn_commit,
+    entry_end,
+    event_key,
+    is_marker,
+    is_watermark_topic,
+    position_of,
+    watermark_topic_for,
 )
-from watermark_core.state import WatermarkConfig, WatermarkState, apply_all, is_broken_assertion
+from watermark_core.state import (
+    PendingMarker,
+    ProducerRecord,
+    WatermarkConfig,
+    WatermarkState,
+    apply_all,
+    is_broken_assertion,
+)
 
 __all__ = [
+    "EVENT_PROPERTY",
     "MARKER_PROPERTY",
+    "PROTOCOL_VERSION",
+    "SEND_WATERMARK",
+    "WATERMARK_TOPIC_SUFFIX",
     "MalformedMarker",
     "Marker",
     "MarkerKind",
+    "PendingMarker",
     "Position",
+    "ProducerRecord",
     "Watermark",
     "WatermarkConfig",
     "WatermarkEvent",
     "WatermarkState",
     "apply_all",
+    "base_topic_and_partition",
+    "decode_event",
     "decode_marker",
+    "encode_event",
+    "encode_idle",
+    "encode_set",
+    "encode_snapshot",
+    "encode_txn_abort",
+    "encode_txn_commit",
+    "entry_end",
+    "event_key",
     "is_broken_assertion",
+    "is_marker",
+    "is_watermark_topic",
+    "position_of",
+    "watermark_topic_for",
 ]

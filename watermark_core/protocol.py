@@ -1,32 +1,36 @@
 """The marker protocol: what producers, the generator and consumers write and read (docs/PROTOCOL.md).
 
-Markers are ordinary Pulsar messages marked by the property `wm.marker`; their payload is a
-versioned msgpack map. The producer a marker speaks for is always the broker-known Pulsar producer
-name of the message, never a payload field, so a producer can only set or idle its own watermark.
-Decoding never raises anything but `MalformedMarker`, whatever the bytes.
+Markers are ordinary messages on the data topic, marked by the property `wm.marker`; their payload
+is a versioned msgpack map. The producer a marker speaks for is always the Pulsar producer name of
+the message, passed in by the caller, never a payload field: a producer can only move its own
+assertion. Decoding never raises anything but `MalformedMarker`, whatever the bytes, so one bad
+message can be counted and skipped and never stops a component.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgpack
 
 MARKER_PROPERTY = "wm.marker"
 PROTOCOL_VERSION = 1
-MAX_EVENT_TIME = 2**63 - 1
+EVENT_TIME_LIMIT = 2**63
+"""Event times are in [0, 2**63): what Pulsar's signed 64-bit `event_timestamp` can carry."""
 
 Position = tuple[int, int, int]
-"""(ledger_id, entry_id, batch_index) inside one topic partition; batch_index -1 when not batched."""
+"""(ledger_id, entry_id, batch_index) inside ONE topic partition; batch_index is -1 when not batched."""
 
-LAST_IN_ENTRY = 2**31 - 1
+LAST_BATCH_INDEX = 2**31 - 1
 
 
 class MarkerKind(StrEnum):
+    """The value of the `wm.marker` property."""
+
     W_SET = "W_SET"
     W_IDLE = "W_IDLE"
     W_SNAPSHOT = "W_SNAPSHOT"
@@ -35,7 +39,11 @@ class MarkerKind(StrEnum):
 
 
 class MalformedMarker(ValueError):
-    """A message claims to be a marker (or a watermark event) but is not a valid one."""
+    """A message claims to be a marker, a snapshot or a watermark event but is not a valid one.
+
+    `reason` is a short kind ("bad-kind", "bad-payload", "bad-msgpack", "bad-version", "bad-field",
+    "bad-snapshot", "bad-event") so that callers count and log once per kind, not per message.
+    """
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -44,14 +52,19 @@ class MalformedMarker(ValueError):
 
 @dataclass(frozen=True)
 class Watermark:
-    """What listeners receive: no honest producer's unacknowledged message is older than `event_time`."""
+    """What listeners receive: the broker watermark of their subscription, in ms since the epoch."""
 
     event_time: int
 
 
 @dataclass(frozen=True, slots=True)
 class Marker:
-    """A decoded marker at its place in the log."""
+    """A decoded marker at its place in the log.
+
+    `event_time` is set for W_SET, `txn` for transactional markers, `state` (the dict of
+    `WatermarkState.to_dict`) and `previous` (where the previous snapshot is, if any) for
+    W_SNAPSHOT only.
+    """
 
     kind: MarkerKind
     producer: str
@@ -60,99 +73,115 @@ class Marker:
     event_time: int | None = None
     txn: str | None = None
     state: dict[str, Any] | None = None
+    previous: Position | None = None
 
 
 def position_of(ledger: int, entry: int, batch: int = -1) -> Position:
+    """A message's position; `batch` is -1 for a message that is not part of a batch."""
     return (int(ledger), int(entry), int(batch))
 
 
 def entry_end(ledger: int, entry: int) -> Position:
-    """The last position inside an entry: "everything up to and including this mark-delete entry"."""
-    return (int(ledger), int(entry), LAST_IN_ENTRY)
+    """The largest position inside an entry: "everything up to and including this mark-delete entry"."""
+    return (int(ledger), int(entry), LAST_BATCH_INDEX)
 
 
 # -- encoding ------------------------------------------------------------------------------------------
 
 
-def check_event_time(event_time: object) -> int:
-    if (
-        isinstance(event_time, bool)
-        or not isinstance(event_time, int)
-        or not 0 <= event_time <= MAX_EVENT_TIME
-    ):
+def _check_event_time(event_time: object) -> int:
+    if isinstance(event_time, bool) or not isinstance(event_time, int) or not 0 <= event_time < EVENT_TIME_LIMIT:
         raise ValueError(
-            "event_time must be a non-negative integer count of milliseconds since the Unix epoch, "
-            f"got {event_time!r}"
+            f"event_time must be an int of milliseconds since the Unix epoch in [0, 2**63), got {event_time!r}; "
+            "pass e.g. int(time.time() * 1000)"
         )
     return event_time
 
 
 def _check_txn(txn: object) -> str:
     if not isinstance(txn, str) or not txn:
-        raise ValueError(f"a watermark transaction id must be a non-empty string, got {txn!r}")
+        raise ValueError(f"a watermark transaction id must be a non-empty str, got {txn!r}")
     return txn
 
 
-def _pack(body: dict[str, Any]) -> bytes:
-    return bytes(msgpack.packb({"v": PROTOCOL_VERSION, **body}, use_bin_type=True))
+def _pack(body: Mapping[str, Any]) -> bytes:
+    try:
+        return bytes(msgpack.packb({"v": PROTOCOL_VERSION, **body}, use_bin_type=True))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"cannot encode as msgpack ({exc}); pass only str, int, bool, None, lists and maps") from exc
 
 
 def encode_set(event_time: int, txn: str | None = None) -> bytes:
-    body: dict[str, Any] = {"event_time": check_event_time(event_time)}
+    """W_SET: the sender promises that its later messages have event time >= `event_time`."""
+    body: dict[str, Any] = {"event_time": _check_event_time(event_time)}
     if txn is not None:
         body["txn"] = _check_txn(txn)
     return _pack(body)
 
 
 def encode_idle(txn: str | None = None) -> bytes:
+    """W_IDLE: the sender stops holding the watermark back until its next W_SET."""
     return _pack({} if txn is None else {"txn": _check_txn(txn)})
 
 
 def encode_txn_commit(txn: str) -> bytes:
+    """W_TXN_COMMIT: the transaction's pending marker takes effect here."""
     return _pack({"txn": _check_txn(txn)})
 
 
 def encode_txn_abort(txn: str) -> bytes:
+    """W_TXN_ABORT: the transaction's pending marker is discarded."""
     return _pack({"txn": _check_txn(txn)})
 
 
-def encode_snapshot(state: Mapping[str, Any], at: Position, previous: Position | None) -> bytes:
-    """A generator's snapshot: the state at position `at`, and where the previous snapshot is."""
-    return _pack(
-        {"at": list(at), "previous": list(previous) if previous is not None else None, "state": dict(state)}
-    )
+def encode_snapshot(state: Mapping[str, Any], previous: Position | None = None) -> bytes:
+    """W_SNAPSHOT: the generator's record of `WatermarkState.to_dict()`, so nobody replays from the start.
+
+    `previous` is the position of the generator's previous snapshot on the partition: the snapshots
+    form a chain that a reader can walk back to the nearest one before any position.
+    """
+    if not isinstance(state, Mapping):
+        raise ValueError(f"a snapshot carries WatermarkState.to_dict(), got {type(state).__name__}")
+    body: dict[str, Any] = {"state": dict(state)}
+    if previous is not None:
+        body["previous"] = list(previous)
+    return _pack(body)
 
 
 # -- decoding ------------------------------------------------------------------------------------------
 
 
 def is_marker(properties: Mapping[str, str]) -> bool:
+    """Whether a message is a marker (consumers hide it) rather than data."""
     return MARKER_PROPERTY in properties
 
 
-def _unpack(payload: bytes) -> dict[str, Any]:
+def _unpack(payload: object) -> dict[str, Any]:
+    """A versioned msgpack map; unknown keys are kept (and ignored by readers) for forward compatibility."""
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        raise MalformedMarker("bad-payload", f"payload is a {type(payload).__name__}, not bytes")
     try:
-        body = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several types for bad bytes
-        raise MalformedMarker("bad-msgpack", f"payload is not msgpack ({type(exc).__name__})") from exc
+        body = msgpack.unpackb(bytes(payload), raw=False)
+    except Exception as exc:  # msgpack raises many types for bad bytes; any of them means "not msgpack"
+        raise MalformedMarker("bad-msgpack", f"payload is not msgpack ({type(exc).__name__})") from None
     if not isinstance(body, dict):
-        raise MalformedMarker("bad-payload", f"payload is a {type(body).__name__}, not a map")
+        raise MalformedMarker("bad-payload", f"payload is a msgpack {type(body).__name__}, not a map")
     version = body.get("v")
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise MalformedMarker("bad-version", f"missing or non-integer version {version!r}")
-    if version > PROTOCOL_VERSION or version < 1:
-        raise MalformedMarker("bad-version", f"version {version} is not supported (this reader knows 1)")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise MalformedMarker("bad-version", f"missing or invalid version {version!r}")
+    if version > PROTOCOL_VERSION:
+        raise MalformedMarker("bad-version", f"version {version} is newer than this reader ({PROTOCOL_VERSION})")
     return body
 
 
-def _field_event_time(body: dict[str, Any]) -> int:
+def _event_time_field(body: Mapping[str, Any]) -> int:
     value = body.get("event_time")
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_EVENT_TIME:
-        raise MalformedMarker("bad-field", f"event_time must be a non-negative integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < EVENT_TIME_LIMIT:
+        raise MalformedMarker("bad-field", f"event_time must be an int in [0, 2**63), got {value!r}")
     return value
 
 
-def _field_txn(body: dict[str, Any], required: bool) -> str | None:
+def _txn_field(body: Mapping[str, Any], *, required: bool) -> str | None:
     value = body.get("txn")
     if value is None and not required:
         return None
@@ -161,75 +190,72 @@ def _field_txn(body: dict[str, Any], required: bool) -> str | None:
     return value
 
 
-def decode_marker(
-    properties: Mapping[str, str], payload: bytes, producer: str, position: Position, publish_time: int
-) -> Marker | None:
-    """The marker in a message, None for a data message; `MalformedMarker` for a broken marker."""
-    if MARKER_PROPERTY not in properties:
+def _state_field(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The snapshot's state map; its content is checked by `WatermarkState.from_dict` ("bad-snapshot")."""
+    value = body.get("state")
+    if not isinstance(value, dict):
+        raise MalformedMarker("bad-field", f"a snapshot needs a 'state' map, got {type(value).__name__}")
+    return value
+
+
+def _previous_field(body: Mapping[str, Any]) -> Position | None:
+    """The optional position of the previous snapshot (absent in the chain's first one)."""
+    value = body.get("previous")
+    if value is None:
         return None
-    raw_kind = properties[MARKER_PROPERTY]
-    try:
-        kind = MarkerKind(raw_kind)
-    except ValueError:
-        raise MalformedMarker("bad-kind", f"unknown marker kind {raw_kind!r}") from None
-    if not isinstance(payload, bytes | bytearray):
-        raise MalformedMarker("bad-payload", "payload is not bytes")
-    body = _unpack(bytes(payload))
-    if kind is MarkerKind.W_SET:
-        event_time: int | None = _field_event_time(body)
-        txn = _field_txn(body, required=False)
-    elif kind is MarkerKind.W_IDLE:
-        event_time, txn = None, _field_txn(body, required=False)
-    elif kind in (MarkerKind.W_TXN_COMMIT, MarkerKind.W_TXN_ABORT):
-        event_time, txn = None, _field_txn(body, required=True)
-    else:
-        return Marker(kind, producer, position, publish_time, state=_snapshot_fields(body))
-    return Marker(kind, producer, position, publish_time, event_time=event_time, txn=txn)
-
-
-def _position_field(value: Any) -> Position:
-    if (
-        not isinstance(value, list | tuple)
-        or len(value) != 3
-        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-    ):
-        raise MalformedMarker(
-            "bad-field", f"a snapshot position must be [ledger, entry, batch], got {value!r}"
-        )
+    if not isinstance(value, list) or len(value) != 3 or not all(_is_int(v) for v in value):
+        raise MalformedMarker("bad-field", f"a snapshot's 'previous' must be [ledger, entry, batch], got {value!r}")
     return (value[0], value[1], value[2])
 
 
-def _snapshot_fields(body: dict[str, Any]) -> dict[str, Any]:
-    """A snapshot's `at`, `previous` (positions) and `state` (a map for `WatermarkState.from_dict`)."""
-    state = body.get("state")
-    if not isinstance(state, dict):
-        raise MalformedMarker("bad-field", "a snapshot needs a 'state' map")
-    previous = body.get("previous")
-    return {
-        "at": _position_field(body.get("at")),
-        "previous": None if previous is None else _position_field(previous),
-        "state": state,
-    }
+def decode_marker(
+    properties: Mapping[str, str], payload: bytes, producer: str, position: Position, publish_time: int
+) -> Marker | None:
+    """The marker in a message, None for a data message, `MalformedMarker` for a broken marker.
+
+    `producer` is the message's Pulsar producer name: the only identity a marker has.
+    """
+    if MARKER_PROPERTY not in properties:
+        return None
+    raw_kind = properties[MARKER_PROPERTY]
+    if not isinstance(raw_kind, str) or raw_kind not in MarkerKind.__members__:
+        raise MalformedMarker("bad-kind", f"unknown marker kind {raw_kind!r}")
+    kind = MarkerKind(raw_kind)
+    body = _unpack(payload)
+    at = (producer, position, publish_time)
+    if kind is MarkerKind.W_SET:
+        return Marker(kind, *at, event_time=_event_time_field(body), txn=_txn_field(body, required=False))
+    if kind is MarkerKind.W_IDLE:
+        return Marker(kind, *at, txn=_txn_field(body, required=False))
+    if kind is MarkerKind.W_SNAPSHOT:
+        return Marker(kind, *at, state=_state_field(body), previous=_previous_field(body))
+    return Marker(kind, *at, txn=_txn_field(body, required=True))
 
 
 # -- SendWatermark events on the companion topic -------------------------------------------------------
 
 WATERMARK_TOPIC_SUFFIX = "__watermarks"
 EVENT_PROPERTY = "wm.event"
+SEND_WATERMARK = "SendWatermark"
+"""The value of `EVENT_PROPERTY` on the generator's events."""
+
 _PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
 
 
 def _full_name(topic: str) -> str:
+    """Pulsar's own rule: "x" is persistent://public/default/x, "t/n/x" is persistent://t/n/x."""
     if "://" in topic:
         return topic
     parts = topic.split("/")
-    if len(parts) == 3:
+    if len(parts) == 1 and topic:
+        return f"persistent://public/default/{topic}"
+    if len(parts) == 3 and all(parts):
         return f"persistent://{topic}"
-    return f"persistent://public/default/{topic}"
+    raise ValueError(f"{topic!r} is not a topic name; use 'name', 'tenant/namespace/name' or a full name")
 
 
 def base_topic_and_partition(topic: str) -> tuple[str, int]:
-    """(full base topic name, partition index or -1)."""
+    """(full base topic name, partition index), the index -1 for a topic that is not a partition."""
     full = _full_name(topic)
     match = _PARTITION_SUFFIX.search(full)
     if match is None:
@@ -238,22 +264,27 @@ def base_topic_and_partition(topic: str) -> tuple[str, int]:
 
 
 def watermark_topic_for(topic: str) -> str:
-    """The companion topic where the generator publishes a topic's watermarks."""
+    """The companion topic where the generator publishes a topic's watermarks (one for all partitions)."""
     return base_topic_and_partition(topic)[0] + WATERMARK_TOPIC_SUFFIX
 
 
 def is_watermark_topic(topic: str) -> bool:
+    """Whether `topic` is a companion topic (the generator must not follow those)."""
     return base_topic_and_partition(topic)[0].endswith(WATERMARK_TOPIC_SUFFIX)
 
 
 def event_key(partition: int, subscription: str) -> str:
-    """The compaction key: one latest event per partition and subscription."""
+    """The compaction key: compaction keeps the latest event per partition and subscription."""
     return f"{partition}/{subscription}"
 
 
 @dataclass(frozen=True)
 class WatermarkEvent:
-    """`SendWatermark`: the watermark of one subscription on one partition, at its mark-delete position."""
+    """SendWatermark: the watermark of one subscription on one partition at its mark-delete position.
+
+    `topic` is the full base topic name, `partition` -1 for a non-partitioned topic, `position` the
+    mark-delete (ledger, entry), `seq` increases with every event the generator publishes for the key.
+    """
 
     topic: str
     partition: int
@@ -261,12 +292,22 @@ class WatermarkEvent:
     event_time: int | None
     position: tuple[int, int]
     seq: int
-    active: dict[str, int] | None = None
-    idle: tuple[str, ...] | None = None
+    active: Mapping[str, int] = field(default_factory=dict)
+    """For `broker-ext status`: the active producers and their assertions at `position`."""
+    idle: tuple[str, ...] = ()
     pending: int = 0
 
 
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def encode_event(event: WatermarkEvent) -> bytes:
+    """The payload of a SendWatermark message (publish it with key `event_key` and `EVENT_PROPERTY`)."""
+    if event.event_time is not None:
+        _check_event_time(event.event_time)
+    if not (_is_int(event.partition) and _is_int(event.seq) and all(_is_int(p) for p in event.position)):
+        raise ValueError(f"partition, seq and position of a watermark event must be ints: {event!r}")
     return _pack({
         "topic": event.topic,
         "partition": event.partition,
@@ -274,33 +315,30 @@ def encode_event(event: WatermarkEvent) -> bytes:
         "event_time": event.event_time,
         "position": list(event.position),
         "seq": event.seq,
-        "active": event.active or {},
-        "idle": list(event.idle or ()),
+        "active": dict(event.active),
+        "idle": list(event.idle),
         "pending": event.pending,
     })  # fmt: skip
 
 
 def decode_event(payload: bytes) -> WatermarkEvent:
+    """A SendWatermark event; `MalformedMarker` for anything else."""
     body = _unpack(payload)
-    try:
-        event_time = body.get("event_time")
-        if event_time is not None:
-            event_time = _field_event_time(body)
-        position = body["position"]
-        active = body.get("active") or {}
-        event = WatermarkEvent(
-            topic=str(body["topic"]),
-            partition=int(body["partition"]),
-            subscription=str(body["subscription"]),
-            event_time=event_time,
-            position=(int(position[0]), int(position[1])),
-            seq=int(body["seq"]),
-            active={str(k): int(v) for k, v in active.items()},
-            idle=tuple(str(p) for p in body.get("idle") or ()),
-            pending=int(body.get("pending", 0)),
-        )
-    except MalformedMarker:
-        raise
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-        raise MalformedMarker("bad-event", f"watermark event is incomplete ({exc!r})") from exc
-    return event
+    topic, partition, subscription = body.get("topic"), body.get("partition"), body.get("subscription")
+    event_time, position, seq = body.get("event_time"), body.get("position"), body.get("seq")
+    if not isinstance(topic, str) or not topic or not isinstance(subscription, str) or not subscription:
+        raise MalformedMarker("bad-event", "a watermark event needs a topic and a subscription")
+    if not _is_int(partition) or partition < -1 or not _is_int(seq):
+        raise MalformedMarker("bad-event", f"bad partition {partition!r} or seq {seq!r}")
+    if event_time is not None and (not _is_int(event_time) or not 0 <= event_time < EVENT_TIME_LIMIT):
+        raise MalformedMarker("bad-event", f"bad event_time {event_time!r}")
+    if not isinstance(position, list) or len(position) != 2 or not all(_is_int(p) for p in position):
+        raise MalformedMarker("bad-event", f"position must be [ledger, entry], got {position!r}")
+    active, idle, pending = body.get("active") or {}, body.get("idle") or [], body.get("pending", 0)
+    if not isinstance(active, dict) or not all(isinstance(k, str) and _is_int(v) for k, v in active.items()):
+        raise MalformedMarker("bad-event", f"active must map producer names to event times, got {active!r}")
+    if not isinstance(idle, list) or not all(isinstance(p, str) for p in idle) or not _is_int(pending):
+        raise MalformedMarker("bad-event", f"bad idle {idle!r} or pending {pending!r}")
+    return WatermarkEvent(
+        topic, partition, subscription, event_time, (position[0], position[1]), seq, active, tuple(idle), pending
+    )

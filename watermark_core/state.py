@@ -1,33 +1,43 @@
-"""The watermark state machine of one topic partition: markers in, state and watermark out.
+"""The watermark state machine of ONE topic partition: markers in, an immutable state out.
 
-Pure and immutable: `state.apply(marker)` returns a new state, so the state at a position is a
-function of the markers up to it and the configuration, whoever computes it. Each policy is a small
-named piece:
+`state.apply(marker)` returns a new value, so the state at a position is a pure function of the
+markers up to it and the configuration, whoever computes it, before or after a restart. Each policy
+is one small named function below:
 
-- assertions: a producer's latest `W_SET` is its assertion; `W_IDLE` leaves it out until the next one;
-- producer timeout: a producer whose latest marker is older than `producer_timeout_ms` on the
-  log's own clock (the largest publish time of the markers so far) is forgotten, as if it had
-  never spoken, so a producer that died without `W_IDLE` stops holding the watermark back;
-- transactions: a marker sent inside a watermark transaction waits until its `W_TXN_COMMIT` and
-  takes effect there; `W_TXN_ABORT` or `txn_timeout_ms` on the log's clock discards it;
-- late joiners: the watermark only moves up along the log, so a producer that joins below it
-  does not pull it back (its messages below it are late);
-- snapshots: `W_SNAPSHOT` records change nothing, so the state does not depend on how often the
-  generator snapshots.
+- assertions (`_assert`): a producer's latest W_SET is its assertion; W_IDLE keeps it but takes the
+  producer out until its next W_SET;
+- the log clock (`_tick`): the largest publish time of the markers applied so far, W_SNAPSHOT
+  excepted, so that timeouts are decided by the log and not by a wall clock;
+- producer timeout (`_is_expired`, `_renew`): a producer silent on the log clock for longer than
+  `producer_timeout_ms` is not active; any new marker of it renews it;
+- transactions (`_transactions`, `_drop_timed_out_txns`): a marker sent inside a watermark
+  transaction waits and takes effect at the transaction's W_TXN_COMMIT; W_TXN_ABORT, or no outcome
+  within `txn_timeout_ms` on the log clock, discards it;
+- late joiners (`_advance`): the watermark only moves up along the log, so a producer that joins
+  below it does not pull it back (its messages below it are late);
+- snapshots: W_SNAPSHOT changes nothing but the position, so the state does not depend on how
+  often the generator snapshots.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
-from watermark_core.protocol import PROTOCOL_VERSION, MalformedMarker, Marker, MarkerKind, Position
+from watermark_core.protocol import EVENT_TIME_LIMIT, PROTOCOL_VERSION, MalformedMarker, Marker, MarkerKind, Position
+
+PendingKey = tuple[str, str]
+"""(producer, txn): a transaction id belongs to the producer that sent it."""
+
+_Effect = tuple[MarkerKind, int | None]
+"""What a marker does to its producer's assertion: (W_SET, event_time) or (W_IDLE, None)."""
 
 
 @dataclass(frozen=True)
 class WatermarkConfig:
-    """The configuration the watermark depends on, besides the log."""
+    """The configuration the watermark depends on besides the log; every reader must share it."""
 
     producer_timeout_ms: int = 60_000
     txn_timeout_ms: int = 60_000
@@ -36,12 +46,17 @@ class WatermarkConfig:
         for name in ("producer_timeout_ms", "txn_timeout_ms"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer of milliseconds, got {value!r}")
+                raise ValueError(f"{name} must be a positive int of milliseconds, got {value!r}")
 
 
 @dataclass(frozen=True)
-class ProducerState:
-    """One producer's latest assertion (None before its first `W_SET`) and liveness."""
+class ProducerRecord:
+    """One producer as the log knows it.
+
+    `event_time` is its latest assertion (None before its first W_SET); `last_seen` is the log clock
+    when its latest marker was applied (not that marker's own publish time, so that a producer whose
+    clock lags the others' is not expired the moment it speaks).
+    """
 
     event_time: int | None
     idle: bool
@@ -50,196 +65,331 @@ class ProducerState:
 
 @dataclass(frozen=True)
 class PendingMarker:
-    """A marker sent inside a watermark transaction, waiting for the transaction's outcome."""
+    """The marker a watermark transaction holds (latest wins), and the log clock when it began."""
 
     kind: MarkerKind
     event_time: int | None
     started: int
 
 
+def _frozen(mapping: Mapping[Any, Any]) -> Mapping[Any, Any]:
+    return MappingProxyType(dict(mapping))
+
+
 @dataclass(frozen=True)
 class WatermarkState:
-    """The fold of a partition's markers up to `position`."""
+    """The fold of one partition's markers up to `position` (None before the first marker).
+
+    `watermark` is None until a producer first asserts; `clock` is the log clock (None before the
+    first marker that is not a snapshot).
+    """
 
     config: WatermarkConfig = field(default_factory=WatermarkConfig)
     position: Position | None = None
     clock: int | None = None
     watermark: int | None = None
-    producers: Mapping[str, ProducerState] = field(default_factory=dict)
-    pending_txns: Mapping[tuple[str, str], PendingMarker] = field(default_factory=dict)
+    producers: Mapping[str, ProducerRecord] = field(default_factory=dict)
+    pending_txns: Mapping[PendingKey, PendingMarker] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Read-only copies: a value that is shared between readers must not change under them.
+        object.__setattr__(self, "producers", _frozen(self.producers))
+        object.__setattr__(self, "pending_txns", _frozen(self.pending_txns))
 
     @classmethod
     def initial(cls, config: WatermarkConfig | None = None) -> WatermarkState:
+        """The state before any marker."""
         return cls(config=config or WatermarkConfig())
 
     # -- the transition ------------------------------------------------------------------------------
 
     def apply(self, marker: Marker) -> WatermarkState:
-        """The state after `marker`; markers must come in increasing position."""
+        """The state after `marker`; a marker at or before `self.position` is a caller bug (ValueError)."""
         if self.position is not None and marker.position <= self.position:
-            raise ValueError(f"marker at {marker.position} applied after position {self.position}")
+            raise ValueError(f"marker at {marker.position} applied after position {self.position}: apply in log order")
+        _check_marker(marker)
         if marker.kind is MarkerKind.W_SNAPSHOT:
             return replace(self, position=marker.position)
-        clock = marker.publish_time if self.clock is None else max(self.clock, marker.publish_time)
+        clock = _tick(self.clock, marker.publish_time)
+        pending = _drop_timed_out_txns(self.pending_txns, clock, self.config.txn_timeout_ms)
+        effect = _transactions(marker, pending, clock)
         producers = dict(self.producers)
-        pending = _drop_expired_txns(self.pending_txns, clock, self.config.txn_timeout_ms)
-        _apply_marker(producers, pending, marker)
-        producers = _forget_expired_producers(producers, clock, self.config.producer_timeout_ms)
-        watermark = _advance(self.watermark, producers)
+        producers[marker.producer] = _assert(_renew(producers.get(marker.producer), clock), effect)
+        watermark = _advance(self.watermark, _active(producers, clock, self.config.producer_timeout_ms))
         return WatermarkState(self.config, marker.position, clock, watermark, producers, pending)
+
+    def advanced_to(self, position: Position) -> WatermarkState:
+        """The same fold, stated at a later `position` the caller has read up to without meeting a marker.
+
+        Data messages do not change the state, so this is exact; the generator snapshots the state
+        advanced to its read position, so that a reader restoring it resumes there and never
+        re-reads the data between the last marker and the snapshot.
+        """
+        if self.position is not None and position < self.position:
+            raise ValueError(f"cannot move the state at {self.position} back to {position}")
+        return replace(self, position=position)
 
     # -- views ---------------------------------------------------------------------------------------
 
     def active_producers(self) -> dict[str, int]:
-        """Producers whose assertion holds the watermark: name -> asserted event time."""
-        return {
-            name: p.event_time
-            for name, p in sorted(self.producers.items())
-            if not p.idle and p.event_time is not None
-        }
+        """The producers that hold the watermark: name -> asserted event time."""
+        if self.clock is None:
+            return {}
+        return dict(sorted(_active(self.producers, self.clock, self.config.producer_timeout_ms).items()))
 
     def idle_producers(self) -> list[str]:
-        return sorted(name for name, p in self.producers.items() if p.idle)
+        """Producers out by W_IDLE (and not expired)."""
+        return sorted(name for name, r in self.producers.items() if r.idle and not self._expired(r))
 
-    def pending(self) -> dict[tuple[str, str], PendingMarker]:
-        return dict(self.pending_txns)
+    def expired_producers(self) -> list[str]:
+        """Producers silent for longer than the producer timeout; their next marker renews them."""
+        return sorted(name for name, r in self.producers.items() if self._expired(r))
+
+    def pending(self) -> dict[PendingKey, PendingMarker]:
+        """Open watermark transactions: (producer, txn) -> the marker their commit would apply."""
+        return dict(sorted(self.pending_txns.items()))
+
+    def _expired(self, record: ProducerRecord) -> bool:
+        return self.clock is not None and _is_expired(record, self.clock, self.config.producer_timeout_ms)
 
     # -- snapshot and restore ------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """A msgpack-able value that `from_dict` turns back into an equal state."""
+        """A msgpack-able value that `from_dict` turns back into an equal state (the W_SNAPSHOT payload)."""
         return {
             "v": PROTOCOL_VERSION,
             "config": {
                 "producer_timeout_ms": self.config.producer_timeout_ms,
                 "txn_timeout_ms": self.config.txn_timeout_ms,
             },
-            "position": list(self.position) if self.position is not None else None,
+            "position": None if self.position is None else list(self.position),
             "clock": self.clock,
             "watermark": self.watermark,
             "producers": {
-                name: [p.event_time, p.idle, p.last_seen] for name, p in sorted(self.producers.items())
+                name: {"event_time": r.event_time, "idle": r.idle, "last_seen": r.last_seen}
+                for name, r in sorted(self.producers.items())
             },
             "pending": [
-                [producer, txn, m.kind.value, m.event_time, m.started]
-                for (producer, txn), m in sorted(self.pending_txns.items())
+                {"producer": p, "txn": t, "kind": m.kind.value, "event_time": m.event_time, "started": m.started}
+                for (p, t), m in sorted(self.pending_txns.items())
             ],
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], config: WatermarkConfig | None = None) -> WatermarkState:
-        """Restore a snapshot; `config` (the reader's configuration) wins over the recorded one."""
-        try:
-            if data["v"] != PROTOCOL_VERSION:
-                raise ValueError(f"snapshot version {data['v']!r}")
-            recorded = data["config"]
-            config = config or WatermarkConfig(
-                int(recorded["producer_timeout_ms"]), int(recorded["txn_timeout_ms"])
-            )
-            position = data["position"]
-            producers = {
-                str(name): ProducerState(_opt_int(values[0]), _bool(values[1]), _int(values[2]))
-                for name, values in dict(data["producers"]).items()
-            }
-            pending = {
-                (str(p), str(t)): PendingMarker(MarkerKind(kind), _opt_int(event_time), _int(started))
-                for p, t, kind, event_time, started in data["pending"]
-            }
-            return cls(
-                config=config,
-                position=None
-                if position is None
-                else (_int(position[0]), _int(position[1]), _int(position[2])),
-                clock=_opt_int(data["clock"]),
-                watermark=_opt_int(data["watermark"]),
-                producers=producers,
-                pending_txns=pending,
-            )
-        except MalformedMarker:
-            raise
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-            raise MalformedMarker("bad-snapshot", f"snapshot state is not valid ({exc!r})") from exc
+        """Restore `to_dict()`; MalformedMarker("bad-snapshot") for anything that is not one.
+
+        `config`, when given, replaces the recorded one: the state so far was computed with the
+        recorded configuration, the markers after it are folded with `config`.
+        """
+        if not isinstance(data, Mapping):
+            raise _bad(f"a snapshot state is a map, got {type(data).__name__}")
+        version = _need(data, "v")
+        if isinstance(version, bool) or version != PROTOCOL_VERSION:
+            raise _bad(f"snapshot version {version!r} is not {PROTOCOL_VERSION}")
+        recorded = _config_from(_need(data, "config"))
+        state = cls(
+            config=config or recorded,
+            position=_position_from(_need(data, "position")),
+            clock=_opt_int(_need(data, "clock"), "clock"),
+            watermark=_opt_time(_need(data, "watermark"), "watermark"),
+            producers=_producers_from(_need(data, "producers")),
+            pending_txns=_pending_from(_need(data, "pending")),
+        )
+        _check_consistent(state)
+        return state
 
 
 def apply_all(state: WatermarkState, markers: Iterable[Marker]) -> WatermarkState:
+    """The state after all `markers`, in order."""
     for marker in markers:
         state = state.apply(marker)
     return state
 
 
 def is_broken_assertion(state: WatermarkState, producer: str, event_time: int) -> bool:
-    """A data message below its own producer's latest `W_SET`: the producer broke its promise."""
-    known = state.producers.get(producer)
-    return known is not None and known.event_time is not None and event_time < known.event_time
+    """A data message below its own producer's latest W_SET: the producer broke its promise (count it)."""
+    record = state.producers.get(producer)
+    return record is not None and record.event_time is not None and event_time < record.event_time
 
 
 # -- the policies -----------------------------------------------------------------------------------------
 
 
-def _apply_marker(
-    producers: dict[str, ProducerState], pending: dict[tuple[str, str], PendingMarker], marker: Marker
-) -> None:
-    """Assertions, idling and transactions: what one marker does to its own producer."""
-    name = marker.producer
-    previous = producers.get(name)
-    last_seen = marker.publish_time if previous is None else max(previous.last_seen, marker.publish_time)
-    current = previous or ProducerState(None, False, last_seen)
-    if marker.kind in (MarkerKind.W_SET, MarkerKind.W_IDLE) and marker.txn is not None:
-        key = (name, marker.txn)
-        started = pending[key].started if key in pending else marker.publish_time
+def _check_marker(marker: Marker) -> None:
+    """A hand-built Marker must look like a decoded one."""
+    if marker.kind is MarkerKind.W_SET and marker.event_time is None:
+        raise ValueError("a W_SET marker needs an event_time")
+    if marker.kind in (MarkerKind.W_TXN_COMMIT, MarkerKind.W_TXN_ABORT) and marker.txn is None:
+        raise ValueError(f"a {marker.kind} marker needs a txn")
+
+
+def _tick(clock: int | None, publish_time: int) -> int:
+    """The log clock: the largest publish time so far, so it never goes back when a producer's clock lags."""
+    return publish_time if clock is None else max(clock, publish_time)
+
+
+def _renew(record: ProducerRecord | None, clock: int) -> ProducerRecord:
+    """Producer timeout: any marker of a producer (re)starts its timeout at the log clock."""
+    return ProducerRecord(None, False, clock) if record is None else replace(record, last_seen=clock)
+
+
+def _is_expired(record: ProducerRecord, clock: int, timeout_ms: int) -> bool:
+    """Producer timeout: a producer that died without W_IDLE stops holding the watermark back."""
+    return clock - record.last_seen > timeout_ms
+
+
+def _drop_timed_out_txns(
+    pending: Mapping[PendingKey, PendingMarker], clock: int, timeout_ms: int
+) -> dict[PendingKey, PendingMarker]:
+    """Transactions: one with no outcome within its timeout on the log clock is discarded."""
+    return {key: held for key, held in pending.items() if clock - held.started <= timeout_ms}
+
+
+def _transactions(marker: Marker, pending: dict[PendingKey, PendingMarker], clock: int) -> _Effect | None:
+    """Transactions: what `marker` asserts now; a marker inside a transaction waits in `pending`.
+
+    Inside one transaction the latest marker wins; COMMIT applies it as if it were sent at the
+    commit; ABORT drops it; a commit of an unknown or timed-out transaction does nothing.
+    """
+    if marker.kind in (MarkerKind.W_SET, MarkerKind.W_IDLE):
+        if marker.txn is None:
+            return (marker.kind, marker.event_time)
+        key = (marker.producer, marker.txn)
+        started = pending[key].started if key in pending else clock
         pending[key] = PendingMarker(marker.kind, marker.event_time, started)
-        producers[name] = replace(current, last_seen=last_seen)
-        return
-    effect: tuple[MarkerKind, int | None] | None = (marker.kind, marker.event_time)
-    if marker.kind in (MarkerKind.W_TXN_COMMIT, MarkerKind.W_TXN_ABORT):
-        committed = pending.pop((name, marker.txn or ""), None)
-        effect = (
-            (committed.kind, committed.event_time)
-            if committed and marker.kind is MarkerKind.W_TXN_COMMIT
-            else None
-        )
+        return None
+    held = pending.pop((marker.producer, marker.txn or ""), None)
+    if held is None or marker.kind is MarkerKind.W_TXN_ABORT:
+        return None
+    return (held.kind, held.event_time)
+
+
+def _assert(record: ProducerRecord, effect: _Effect | None) -> ProducerRecord:
+    """Assertions and idling: W_SET replaces the assertion and ends idling; W_IDLE keeps it but idles."""
     if effect is None:
-        producers[name] = replace(current, last_seen=last_seen)
-    elif effect[0] is MarkerKind.W_SET:
-        producers[name] = ProducerState(effect[1], False, last_seen)
-    else:
-        producers[name] = ProducerState(current.event_time, True, last_seen)
+        return record
+    kind, event_time = effect
+    if kind is MarkerKind.W_SET:
+        return replace(record, event_time=event_time, idle=False)
+    return replace(record, idle=True)
 
 
-def _drop_expired_txns(
-    pending: Mapping[tuple[str, str], PendingMarker], clock: int, timeout_ms: int
-) -> dict[tuple[str, str], PendingMarker]:
-    """A transaction with no outcome within its timeout is discarded."""
-    return {key: m for key, m in pending.items() if clock - m.started <= timeout_ms}
+def _active(producers: Mapping[str, ProducerRecord], clock: int, timeout_ms: int) -> dict[str, int]:
+    """Producers that take part: asserted, not idle, not expired."""
+    return {
+        name: r.event_time
+        for name, r in producers.items()
+        if r.event_time is not None and not r.idle and not _is_expired(r, clock, timeout_ms)
+    }
 
 
-def _forget_expired_producers(
-    producers: dict[str, ProducerState], clock: int, timeout_ms: int
-) -> dict[str, ProducerState]:
-    """A producer silent for longer than the timeout is forgotten, as if it had never spoken."""
-    return {name: p for name, p in producers.items() if clock - p.last_seen <= timeout_ms}
+def _advance(watermark: int | None, active: Mapping[str, int]) -> int | None:
+    """Late joiners: the minimum over active producers, never below the previous watermark.
 
-
-def _advance(watermark: int | None, producers: Mapping[str, ProducerState]) -> int | None:
-    """The minimum over active producers; it never goes back, and holds when nobody is active."""
-    active = [p.event_time for p in producers.values() if not p.idle and p.event_time is not None]
+    With no active producer there is no new watermark and the previous one holds.
+    """
     if not active:
         return watermark
-    candidate = min(active)
+    candidate = min(active.values())
     return candidate if watermark is None else max(watermark, candidate)
 
 
-def _int(value: Any) -> int:
+# -- reading a snapshot ------------------------------------------------------------------------------------
+
+
+def _bad(detail: str) -> MalformedMarker:
+    return MalformedMarker("bad-snapshot", detail)
+
+
+def _need(data: Mapping[str, Any], key: str) -> Any:
+    if key not in data:
+        raise _bad(f"missing {key!r}")
+    return data[key]
+
+
+def _int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected an integer, got {value!r}")
+        raise _bad(f"{what} must be an int, got {value!r}")
     return value
 
 
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else _int(value)
+def _opt_int(value: Any, what: str) -> int | None:
+    return None if value is None else _int(value, what)
 
 
-def _bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"expected a boolean, got {value!r}")
+def _opt_time(value: Any, what: str) -> int | None:
+    time = _opt_int(value, what)
+    if time is not None and not 0 <= time < EVENT_TIME_LIMIT:
+        raise _bad(f"{what} must be in [0, 2**63), got {value!r}")
+    return time
+
+
+def _map(value: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise _bad(f"{what} must be a map, got {type(value).__name__}")
     return value
+
+
+def _config_from(value: Any) -> WatermarkConfig:
+    recorded = _map(value, "config")
+    try:
+        return WatermarkConfig(
+            _int(_need(recorded, "producer_timeout_ms"), "producer_timeout_ms"),
+            _int(_need(recorded, "txn_timeout_ms"), "txn_timeout_ms"),
+        )
+    except MalformedMarker:
+        raise
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
+
+
+def _position_from(value: Any) -> Position | None:
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or len(value) != 3:
+        raise _bad(f"position must be [ledger, entry, batch], got {value!r}")
+    return (_int(value[0], "ledger"), _int(value[1], "entry"), _int(value[2], "batch"))
+
+
+def _producers_from(value: Any) -> dict[str, ProducerRecord]:
+    producers = {}
+    for name, raw in _map(value, "producers").items():
+        record = _map(raw, f"producer {name!r}")
+        idle = _need(record, "idle")
+        if not isinstance(name, str) or not isinstance(idle, bool):
+            raise _bad(f"producer {name!r} needs a str name and a bool 'idle'")
+        event_time = _opt_time(_need(record, "event_time"), "event_time")
+        producers[name] = ProducerRecord(event_time, idle, _int(_need(record, "last_seen"), "last_seen"))
+    return producers
+
+
+def _pending_from(value: Any) -> dict[PendingKey, PendingMarker]:
+    if not isinstance(value, list | tuple):
+        raise _bad(f"pending must be a list, got {type(value).__name__}")
+    pending = {}
+    for raw in value:
+        entry = _map(raw, "a pending transaction")
+        producer, txn, kind = _need(entry, "producer"), _need(entry, "txn"), _need(entry, "kind")
+        event_time = _opt_time(_need(entry, "event_time"), "event_time")
+        if not isinstance(producer, str) or not isinstance(txn, str) or not txn:
+            raise _bad(f"pending transaction {producer!r}/{txn!r} needs str producer and txn")
+        if (kind, event_time is None) not in ((MarkerKind.W_SET.value, False), (MarkerKind.W_IDLE.value, True)):
+            raise _bad(f"pending transaction {producer!r}/{txn!r} holds {kind!r} with event_time {event_time!r}")
+        if (producer, txn) in pending:
+            raise _bad(f"pending transaction {producer!r}/{txn!r} appears twice")
+        pending[(producer, txn)] = PendingMarker(MarkerKind(kind), event_time, _int(_need(entry, "started"), "started"))
+    return pending
+
+
+def _check_consistent(state: WatermarkState) -> None:
+    """What every folded state satisfies: nothing before the first clock tick, nothing after the clock."""
+    if state.clock is None:
+        if state.producers or state.pending_txns or state.watermark is not None:
+            raise _bad("producers, transactions or a watermark without a clock")
+        return
+    if any(producer not in state.producers for producer, _ in state.pending_txns):
+        raise _bad("a pending transaction of an unknown producer")
+    times = [r.last_seen for r in state.producers.values()] + [m.started for m in state.pending_txns.values()]
+    if any(t > state.clock for t in times):
+        raise _bad(f"a producer or transaction time is after the clock {state.clock}")

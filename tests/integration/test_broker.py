@@ -10,9 +10,7 @@ import pytest
 from broker_ext.admin import PulsarAdmin, TopicNotFound
 
 
-def _wait_mark_delete(
-    admin: PulsarAdmin, topic: str, subscription: str, expected: tuple[int, int]
-) -> tuple[int, int]:
+def _wait_mark_delete(admin: PulsarAdmin, topic: str, subscription: str, expected: tuple[int, int]) -> tuple[int, int]:
     """Acks are grouped by the client; poll until the cursor shows the expected position."""
     deadline = time.monotonic() + 10
     position = admin.mark_delete_position(topic, subscription)
@@ -22,9 +20,7 @@ def _wait_mark_delete(
     return position
 
 
-def test_plain_topic_round_trip_and_mark_delete(
-    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
-) -> None:
+def test_plain_topic_round_trip_and_mark_delete(pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str) -> None:
     consumer = pulsar_client.subscribe(topic, "sub")
     producer = pulsar_client.create_producer(topic, producer_name="p-plain")
     sent = [producer.send(f"m{i}".encode(), event_timestamp=1_000 + i) for i in range(10)]
@@ -70,9 +66,7 @@ def test_partitioned_topic_has_a_cursor_per_partition(
     assert seen == {f"m{i}".encode() for i in range(9)}
 
     for partition in range(3):
-        last = max(
-            (m for m in sent if m.partition() == partition), key=lambda m: (m.ledger_id(), m.entry_id())
-        )
+        last = max((m for m in sent if m.partition() == partition), key=lambda m: (m.ledger_id(), m.entry_id()))
         name = f"{topic}-partition-{partition}"
         expected = (last.ledger_id(), last.entry_id())
         assert _wait_mark_delete(admin, name, "sub", expected) == expected
@@ -80,9 +74,7 @@ def test_partitioned_topic_has_a_cursor_per_partition(
     producer.close()
 
 
-def test_unknown_subscription_is_a_clear_error(
-    admin: PulsarAdmin, pulsar_client: pulsar.Client, topic: str
-) -> None:
+def test_unknown_subscription_is_a_clear_error(admin: PulsarAdmin, pulsar_client: pulsar.Client, topic: str) -> None:
     pulsar_client.create_producer(topic).close()
     with pytest.raises(TopicNotFound, match="nobody"):
         admin.mark_delete_position(topic, "nobody")

@@ -3,59 +3,16 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 import pulsar
 import pytest
 
 from broker_ext.admin import PulsarAdmin
-from consumer import Watermark, WatermarkConsumer, WatermarkListener
+from consumer import WatermarkConsumer
 from producer import TransactionClosedError, WatermarkProducer
+from tests.integration.helpers import Recorder, backlog, partition_backlogs, wait_until
 from watermark_core.protocol import MARKER_PROPERTY
-
-
-class Recorder(WatermarkListener):
-    """Records what the listener sees, with the thread it ran on."""
-
-    def __init__(self, ack: bool = True) -> None:
-        self.ack = ack
-        self.events: list[tuple[str, object]] = []
-        self.threads: set[str] = set()
-        self.lock = threading.Lock()
-
-    def received(self, consumer: WatermarkConsumer, message: pulsar.Message) -> None:
-        with self.lock:
-            self.events.append(("msg", message.data()))
-            self.threads.add(threading.current_thread().name)
-        if self.ack:
-            consumer.acknowledge(message)
-
-    def received_watermark(self, consumer: WatermarkConsumer, watermark: Watermark) -> None:
-        with self.lock:
-            self.events.append(("wm", watermark.event_time))
-            self.threads.add(threading.current_thread().name)
-
-    def messages(self) -> list[object]:
-        with self.lock:
-            return [value for kind, value in self.events if kind == "msg"]
-
-
-def wait_until(predicate: object, timeout_s: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def backlog(admin: PulsarAdmin, topic: str, subscription: str) -> int:
-    return int(admin.topic_stats(topic)["subscriptions"][subscription]["msgBacklog"])
-
-
-def partition_backlogs(admin: PulsarAdmin, topic: str, partitions: int, subscription: str) -> list[int]:
-    return [backlog(admin, f"{topic}-partition-{i}", subscription) for i in range(partitions)]
 
 
 def test_markers_never_reach_the_listener_and_the_backlog_drains(
@@ -147,8 +104,7 @@ def test_every_subscription_type_gets_all_data_and_no_markers(
     consumers_count = 1 if consumer_type == pulsar.ConsumerType.Exclusive else 2
     recorders = [Recorder() for _ in range(consumers_count)]
     consumers = [
-        WatermarkConsumer(pulsar_client, topic, "sub", listener=r, consumer_type=consumer_type)
-        for r in recorders
+        WatermarkConsumer(pulsar_client, topic, "sub", listener=r, consumer_type=consumer_type) for r in recorders
     ]
     producer = WatermarkProducer(pulsar_client, topic, producer_name=f"types-{consumer_type}")
     expected = set()
@@ -198,9 +154,7 @@ def test_no_generator_still_delivers_and_warns_once(
 ) -> None:
     recorder = Recorder()
     with caplog.at_level(logging.WARNING, logger="consumer"):
-        consumer = WatermarkConsumer(
-            pulsar_client, topic, "sub", listener=recorder, no_watermark_warning_s=0.5
-        )
+        consumer = WatermarkConsumer(pulsar_client, topic, "sub", listener=recorder, no_watermark_warning_s=0.5)
         producer = WatermarkProducer(pulsar_client, topic)
         producer.send(b"x")
         producer.new_watermark().event_time(1).send()

@@ -1,0 +1,92 @@
+"""What every benchmark shares: a real cluster, timing, and the results file."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from broker_ext.local_cluster import LocalCluster, free_port
+from broker_ext.settings import PulsarSettings
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+RESULTS = DOCS / "benchmarks.json"
+
+
+@contextlib.contextmanager
+def bench_cluster() -> Iterator[PulsarSettings]:
+    """`PULSAR_SERVICE_URL` if set, else a local standalone and generator of its own on free ports."""
+    if os.environ.get("PULSAR_SERVICE_URL"):
+        yield PulsarSettings.from_env()
+        return
+    with tempfile.TemporaryDirectory(prefix="wm-bench-") as state:
+        cluster = LocalCluster(
+            state_dir=Path(state), broker_port=free_port(), web_port=free_port(), bookie_port=free_port(),
+            with_generator=True, generator_env={"WM_METRICS_PORT": str(free_port())},
+        )  # fmt: skip
+        cluster.up()
+        try:
+            yield PulsarSettings(cluster.service_url, cluster.admin_url)
+        finally:
+            cluster.down()
+
+
+def timed(action: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def median_ratio(pairs: list[tuple[float, float]]) -> float:
+    """Median of candidate/baseline over interleaved rounds (rates, higher is better)."""
+    return statistics.median(candidate / baseline for candidate, baseline in pairs)
+
+
+def say(message: str) -> None:
+    print(f"[bench] {message}", flush=True)
+
+
+def write_results(figures: dict[str, float | int | str]) -> None:
+    """Merge `figures` into docs/benchmarks.json (flat: one key per figure) and render BENCHMARKS.md."""
+    data: dict[str, object] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    data.update(figures)
+    data["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    data["machine"] = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    RESULTS.write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n")
+    render(data)
+
+
+GOALS = {
+    "consumer_throughput_ratio": ">= 0.9",
+    "producer_throughput_ratio": ">= 0.98",
+    "watermark_latency_p50_ms": "< 200",
+    "watermark_latency_p99_ms": "< 500",
+    "generator_vs_producer_rate_ratio": ">= 1.0",
+    "subscriptions_10_vs_1_cost": "<= 1.3",
+    "restart_1m_vs_10k_ratio": "within 1.2",
+}
+
+
+def render(data: dict[str, object]) -> None:
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by `make bench` from `docs/benchmarks.json`; do not edit by hand.",
+        f"Measured {data.get('measured_at')} on {data.get('machine')}, against a real Pulsar "
+        f"{data.get('pulsar_version', '')} standalone on loopback. Ratios compare two variants measured in the "
+        "same run, interleaved, and take the median over rounds, because the machine is shared and noisy.",
+        "",
+        "| figure | value | goal | how |",
+        "| --- | --- | --- | --- |",
+    ]
+    for key, value in sorted(data.items()):
+        if key in ("measured_at", "machine", "pulsar_version") or key.endswith("_how"):
+            continue
+        lines.append(f"| `{key}` | {value} | {GOALS.get(key, '')} | {data.get(key + '_how', '')} |")
+    (DOCS / "BENCHMARKS.md").write_text("\n".join(lines) + "\n")

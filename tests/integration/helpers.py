@@ -1,0 +1,60 @@
+"""Shared helpers of the integration tests: a recording listener and waiting for the broker."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pulsar
+
+from broker_ext.admin import PulsarAdmin
+from consumer import Watermark, WatermarkConsumer, WatermarkListener
+
+
+class Recorder(WatermarkListener):
+    """Records what the listener sees, with the thread it ran on."""
+
+    def __init__(self, ack: bool = True) -> None:
+        self.ack = ack
+        self.events: list[tuple[str, object]] = []
+        self.threads: set[str] = set()
+        self.lock = threading.Lock()
+
+    def received(self, consumer: WatermarkConsumer, message: pulsar.Message) -> None:
+        with self.lock:
+            self.events.append(("msg", message.data()))
+            self.threads.add(threading.current_thread().name)
+        if self.ack:
+            consumer.acknowledge(message)
+
+    def received_watermark(self, consumer: WatermarkConsumer, watermark: Watermark) -> None:
+        with self.lock:
+            self.events.append(("wm", watermark.event_time))
+            self.threads.add(threading.current_thread().name)
+
+    def messages(self) -> list[object]:
+        with self.lock:
+            return [value for kind, value in self.events if kind == "msg"]
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def backlog(admin: PulsarAdmin, topic: str, subscription: str) -> int:
+    return int(admin.topic_stats(topic)["subscriptions"][subscription]["msgBacklog"])
+
+
+def partition_backlogs(admin: PulsarAdmin, topic: str, partitions: int, subscription: str) -> list[int]:
+    return [backlog(admin, f"{topic}-partition-{i}", subscription) for i in range(partitions)]
+
+
+def watermarks(recorder: Recorder) -> list[int]:
+    with recorder.lock:
+        return [int(value) for kind, value in recorder.events if kind == "wm"]  # type: ignore[call-overload]

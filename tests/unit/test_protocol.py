@@ -1,0 +1,336 @@
+"""The marker protocol: payloads, validation, positions, topic names and SendWatermark events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+
+from watermark_core.protocol import (
+    EVENT_PROPERTY,
+    MARKER_PROPERTY,
+    PROTOCOL_VERSION,
+    SEND_WATERMARK,
+    MalformedMarker,
+    Marker,
+    MarkerKind,
+    Watermark,
+    WatermarkEvent,
+    base_topic_and_partition,
+    decode_event,
+    decode_marker,
+    encode_event,
+    encode_idle,
+    encode_set,
+    encode_snapshot,
+    encode_txn_abort,
+    encode_txn_commit,
+    entry_end,
+    event_key,
+    is_marker,
+    is_watermark_topic,
+    position_of,
+    watermark_topic_for,
+)
+from watermark_core.state import WatermarkState
+
+pytestmark = pytest.mark.unit
+
+AT = position_of(7, 3)
+
+
+def pack(body: Any) -> bytes:
+    return bytes(msgpack.packb(body, use_bin_type=True))
+
+
+def decode(kind: str, payload: bytes, producer: str = "p1") -> Marker | None:
+    return decode_marker({MARKER_PROPERTY: kind}, payload, producer, AT, 1_000)
+
+
+def reason_of(kind: str, payload: bytes) -> str:
+    with pytest.raises(MalformedMarker) as caught:
+        decode(kind, payload)
+    return caught.value.reason
+
+
+# -- encoding --------------------------------------------------------------------------------------------
+
+
+def test_payloads_are_versioned_msgpack_maps() -> None:
+    assert msgpack.unpackb(encode_set(5)) == {"v": 1, "event_time": 5}
+    assert msgpack.unpackb(encode_set(5, txn="t")) == {"v": 1, "event_time": 5, "txn": "t"}
+    assert msgpack.unpackb(encode_idle()) == {"v": 1}
+    assert msgpack.unpackb(encode_idle(txn="t")) == {"v": 1, "txn": "t"}
+    assert msgpack.unpackb(encode_txn_commit("t")) == {"v": 1, "txn": "t"}
+    assert msgpack.unpackb(encode_txn_abort("t")) == {"v": 1, "txn": "t"}
+    assert msgpack.unpackb(encode_snapshot({"a": 1})) == {"v": 1, "state": {"a": 1}}
+    assert PROTOCOL_VERSION == 1
+
+
+@pytest.mark.parametrize("event_time", [-1, 2**63, True, 1.5, "5", None])
+def test_encode_set_rejects_bad_event_times(event_time: Any) -> None:
+    with pytest.raises(ValueError, match="event_time must be an int"):
+        encode_set(event_time)
+
+
+def test_encode_set_accepts_the_whole_range() -> None:
+    assert decode(MarkerKind.W_SET, encode_set(2**63 - 1)) is not None
+    assert decode(MarkerKind.W_SET, encode_set(0)) is not None
+
+
+@pytest.mark.parametrize("txn", ["", 5, b"t"])
+def test_encoders_reject_bad_txn_ids(txn: Any) -> None:
+    for encode in (encode_txn_commit, encode_txn_abort, encode_idle):
+        with pytest.raises(ValueError, match="non-empty str"):
+            encode(txn)
+    with pytest.raises(ValueError, match="non-empty str"):
+        encode_set(1, txn=txn)
+
+
+def test_encode_snapshot_rejects_what_is_not_a_state_map() -> None:
+    with pytest.raises(ValueError, match="to_dict"):
+        encode_snapshot([1, 2])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cannot encode"):
+        encode_snapshot({"x": object()})
+
+
+# -- decoding --------------------------------------------------------------------------------------------
+
+
+def test_a_message_without_the_property_is_data() -> None:
+    assert decode_marker({}, b"anything", "p1", AT, 1) is None
+    assert decode_marker({"other": "W_SET"}, encode_set(1), "p1", AT, 1) is None
+    assert not is_marker({"other": "x"})
+    assert is_marker({MARKER_PROPERTY: "W_SET"})
+    assert is_marker({MARKER_PROPERTY: "garbage"})  # still hidden from users, then counted as malformed
+
+
+def expected(kind: MarkerKind, **fields: Any) -> Marker:
+    return Marker(kind, "p1", AT, 1_000, **fields)
+
+
+def test_decode_each_kind() -> None:
+    assert decode(MarkerKind.W_SET, encode_set(42)) == expected(MarkerKind.W_SET, event_time=42)
+    assert decode(MarkerKind.W_SET, encode_set(42, "t")) == expected(MarkerKind.W_SET, event_time=42, txn="t")
+    assert decode(MarkerKind.W_IDLE, encode_idle()) == expected(MarkerKind.W_IDLE)
+    assert decode(MarkerKind.W_IDLE, encode_idle("t")) == expected(MarkerKind.W_IDLE, txn="t")
+    assert decode(MarkerKind.W_TXN_COMMIT, encode_txn_commit("t")) == expected(MarkerKind.W_TXN_COMMIT, txn="t")
+    assert decode(MarkerKind.W_TXN_ABORT, encode_txn_abort("t")) == expected(MarkerKind.W_TXN_ABORT, txn="t")
+    state = WatermarkState.initial().to_dict()
+    assert decode(MarkerKind.W_SNAPSHOT, encode_snapshot(state)) == expected(MarkerKind.W_SNAPSHOT, state=state)
+
+
+def test_the_producer_is_the_pulsar_producer_name_never_a_payload_field() -> None:
+    payload = pack({"v": 1, "event_time": 5, "producer": "someone-else", "producer_name": "x"})
+    marker = decode(MarkerKind.W_SET, payload, producer="sensor-1")
+    assert marker is not None
+    assert marker.producer == "sensor-1"
+
+
+def test_unknown_keys_are_ignored_for_forward_compatibility() -> None:
+    marker = decode(MarkerKind.W_SET, pack({"v": 1, "event_time": 5, "future": [1, {"x": 2}]}))
+    assert marker is not None
+    assert marker.event_time == 5
+
+
+def test_a_null_txn_means_no_transaction() -> None:
+    marker = decode(MarkerKind.W_IDLE, pack({"v": 1, "txn": None}))
+    assert marker is not None
+    assert marker.txn is None
+
+
+@pytest.mark.parametrize("kind", ["W_UNKNOWN", "w_set", "", "W_SET "])
+def test_unknown_kinds(kind: str) -> None:
+    assert reason_of(kind, encode_set(1)) == "bad-kind"
+
+
+def test_a_non_string_kind_is_a_bad_kind() -> None:
+    with pytest.raises(MalformedMarker) as caught:
+        decode_marker({MARKER_PROPERTY: 5}, encode_set(1), "p", AT, 1)  # type: ignore[dict-item]
+    assert caught.value.reason == "bad-kind"
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"", "bad-msgpack"),
+        (b"\xc1", "bad-msgpack"),
+        (pack({"v": 1}) + b"\x00", "bad-msgpack"),
+        (pack([1, 2]), "bad-payload"),
+        (pack(5), "bad-payload"),
+        (pack({"event_time": 5}), "bad-version"),
+        (pack({"v": 2, "event_time": 5}), "bad-version"),
+        (pack({"v": 0, "event_time": 5}), "bad-version"),
+        (pack({"v": True, "event_time": 5}), "bad-version"),
+        (pack({"v": "1", "event_time": 5}), "bad-version"),
+        (pack({"v": 1}), "bad-field"),
+        (pack({"v": 1, "event_time": -1}), "bad-field"),
+        (pack({"v": 1, "event_time": 2**63}), "bad-field"),
+        (pack({"v": 1, "event_time": True}), "bad-field"),
+        (pack({"v": 1, "event_time": 1.0}), "bad-field"),
+        (pack({"v": 1, "event_time": "5"}), "bad-field"),
+        (pack({"v": 1, "event_time": 5, "txn": ""}), "bad-field"),
+        (pack({"v": 1, "event_time": 5, "txn": 7}), "bad-field"),
+    ],
+)
+def test_malformed_set_markers(payload: bytes, reason: str) -> None:
+    assert reason_of(MarkerKind.W_SET, payload) == reason
+
+
+def test_malformed_other_markers() -> None:
+    assert reason_of(MarkerKind.W_TXN_COMMIT, pack({"v": 1})) == "bad-field"
+    assert reason_of(MarkerKind.W_TXN_ABORT, pack({"v": 1, "txn": None})) == "bad-field"
+    assert reason_of(MarkerKind.W_IDLE, pack({"v": 1, "txn": b"t"})) == "bad-field"
+    assert reason_of(MarkerKind.W_SNAPSHOT, pack({"v": 1})) == "bad-field"
+    assert reason_of(MarkerKind.W_SNAPSHOT, pack({"v": 1, "state": [1]})) == "bad-field"
+
+
+def test_a_payload_that_is_not_bytes_is_malformed() -> None:
+    with pytest.raises(MalformedMarker) as caught:
+        decode(MarkerKind.W_SET, "text")  # type: ignore[arg-type]
+    assert caught.value.reason == "bad-payload"
+
+
+def test_bytes_like_payloads_are_accepted() -> None:
+    assert decode(MarkerKind.W_SET, bytearray(encode_set(3))) is not None  # type: ignore[arg-type]
+    assert decode(MarkerKind.W_SET, memoryview(encode_set(3))) is not None  # type: ignore[arg-type]
+
+
+def test_malformed_marker_is_a_value_error_with_a_reason() -> None:
+    error = MalformedMarker("bad-field", "detail")
+    assert isinstance(error, ValueError)
+    assert error.reason == "bad-field"
+    assert str(error) == "bad-field: detail"
+
+
+# -- positions -------------------------------------------------------------------------------------------
+
+
+def test_positions_compare_as_tuples() -> None:
+    assert position_of(1, 2) == (1, 2, -1)
+    assert position_of(1, 2, 5) == (1, 2, 5)
+    assert position_of(1, 2) < position_of(1, 2, 0) < position_of(1, 3) < position_of(2, 0)
+
+
+def test_entry_end_is_after_every_message_of_the_entry_and_before_the_next() -> None:
+    end = entry_end(4, 9)
+    assert position_of(4, 9) < end
+    assert position_of(4, 9, 2**31 - 2) < end
+    assert end < position_of(4, 10) < position_of(5, 0)
+
+
+# -- topic names and events ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("topic", "companion"),
+    [
+        ("my-topic", "persistent://public/default/my-topic__watermarks"),
+        ("my-topic-partition-0", "persistent://public/default/my-topic__watermarks"),
+        ("t/n/x", "persistent://t/n/x__watermarks"),
+        ("persistent://t/n/x-partition-3", "persistent://t/n/x__watermarks"),
+        ("persistent://t/n/x-partition-x", "persistent://t/n/x-partition-x__watermarks"),
+        ("non-persistent://t/n/x", "non-persistent://t/n/x__watermarks"),
+    ],
+)
+def test_watermark_topic_for(topic: str, companion: str) -> None:
+    assert watermark_topic_for(topic) == companion
+
+
+@pytest.mark.parametrize("topic", ["", "a/b", "a/b/c/d", "t//x"])
+def test_bad_topic_names(topic: str) -> None:
+    with pytest.raises(ValueError, match="not a topic name"):
+        watermark_topic_for(topic)
+
+
+def test_base_topic_and_partition() -> None:
+    assert base_topic_and_partition("x") == ("persistent://public/default/x", -1)
+    assert base_topic_and_partition("x-partition-12") == ("persistent://public/default/x", 12)
+    assert base_topic_and_partition("persistent://t/n/x-partition-0") == ("persistent://t/n/x", 0)
+
+
+def test_is_watermark_topic() -> None:
+    assert is_watermark_topic("persistent://public/default/x__watermarks")
+    assert is_watermark_topic("x__watermarks-partition-2")
+    assert is_watermark_topic(watermark_topic_for("y"))
+    assert not is_watermark_topic("persistent://public/default/x")
+    assert not is_watermark_topic("x__watermarks_not")
+
+
+def test_event_key_is_one_per_partition_and_subscription() -> None:
+    assert event_key(3, "sub") == "3/sub"
+    assert event_key(-1, "sub/a") == "-1/sub/a"
+    assert EVENT_PROPERTY == "wm.event"
+    assert SEND_WATERMARK == "SendWatermark"
+
+
+EVENT = WatermarkEvent("persistent://public/default/x", 2, "sub", 1_000, (5, 6), 9)
+
+
+def test_events_round_trip() -> None:
+    assert decode_event(encode_event(EVENT)) == EVENT
+    no_watermark = WatermarkEvent("persistent://public/default/x", -1, "sub", None, (5, 6), 0)
+    assert decode_event(encode_event(no_watermark)) == no_watermark
+
+
+def test_encode_event_validates() -> None:
+    with pytest.raises(ValueError, match="event_time"):
+        encode_event(WatermarkEvent("t", 0, "s", -5, (1, 1), 0))
+    with pytest.raises(ValueError, match="must be ints"):
+        encode_event(WatermarkEvent("t", 0, "s", 5, (1, 1), "0"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"topic": ""}, "bad-event"),
+        ({"subscription": None}, "bad-event"),
+        ({"partition": -2}, "bad-event"),
+        ({"partition": "1"}, "bad-event"),
+        ({"seq": None}, "bad-event"),
+        ({"event_time": -1}, "bad-event"),
+        ({"event_time": False}, "bad-event"),
+        ({"position": [1]}, "bad-event"),
+        ({"position": [1, "2"]}, "bad-event"),
+        ({"v": 2}, "bad-version"),
+    ],
+)
+def test_malformed_events(change: dict[str, Any], reason: str) -> None:
+    body = {**msgpack.unpackb(encode_event(EVENT)), **change}
+    with pytest.raises(MalformedMarker) as caught:
+        decode_event(pack(body))
+    assert caught.value.reason == reason
+
+
+def test_events_with_bad_bytes() -> None:
+    with pytest.raises(MalformedMarker):
+        decode_event(b"\xc1")
+    with pytest.raises(MalformedMarker):
+        decode_event(pack([]))
+
+
+def test_watermark_is_what_listeners_receive() -> None:
+    assert Watermark(5).event_time == 5
+    assert Watermark(5) == Watermark(5)
+
+
+def test_snapshots_chain_to_the_previous_one() -> None:
+    from watermark_core.protocol import encode_snapshot
+
+    state = {"anything": 1}
+    first = decode_marker({MARKER_PROPERTY: "W_SNAPSHOT"}, encode_snapshot(state), "g", (1, 5, -1), 10)
+    second = decode_marker({MARKER_PROPERTY: "W_SNAPSHOT"}, encode_snapshot(state, (1, 5, -1)), "g", (1, 9, -1), 11)
+    assert first is not None and first.previous is None
+    assert second is not None and second.previous == (1, 5, -1)
+    bad = msgpack.packb({"v": 1, "state": state, "previous": [1, "x", 2]})
+    with pytest.raises(MalformedMarker) as caught:
+        decode_marker({MARKER_PROPERTY: "W_SNAPSHOT"}, bad, "g", (1, 10, -1), 12)
+    assert caught.value.reason == "bad-field"
+
+
+def test_events_carry_the_producers_for_status() -> None:
+    event = WatermarkEvent("persistent://public/default/t", 2, "s", 5, (1, 2), 3, {"a": 5, "b": 9}, ("c",), 1)
+    assert decode_event(encode_event(event)) == event
+    with pytest.raises(MalformedMarker):
+        decode_event(msgpack.packb({**msgpack.unpackb(encode_event(event)), "active": {"a": "x"}}))
