@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench import client_throughput
+from bench import client_throughput, generator
 from bench.common import bench_cluster, say, write_results
 from broker_ext.local_cluster import PULSAR_VERSION
 
@@ -12,6 +12,8 @@ def main() -> None:
         figures: dict[str, float | int | str] = {"pulsar_version": PULSAR_VERSION}
         say("client throughput (issue 3)")
         figures.update(client_throughput.run(settings))
+        say("generator (issue 4)")
+        figures.update(generator.run(settings))
         write_results(figures)
     for key, value in figures.items():
         if not key.endswith("_how"):
