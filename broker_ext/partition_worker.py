@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulsar
 
@@ -62,6 +63,15 @@ class SnapshotRef:
     state: dict[str, object] = field(repr=False)
 
 
+@dataclass(frozen=True)
+class DataSeen:
+    """A data message, as far as the generator cares: for counting broken assertions."""
+
+    position: Position
+    producer: str
+    event_time: int
+
+
 @dataclass
 class Context:
     """What every worker of one generator shares."""
@@ -92,6 +102,17 @@ def normalized_mark_delete(stats: dict[str, object], subscription: str) -> tuple
     return previous, entries - 1
 
 
+def read_lag(stats: dict[str, Any], head: Position) -> int:
+    """Entries between our read position and the partition's last entry, from its internal stats."""
+    tail_ledger, tail_entry = parse_position(str(stats.get("lastConfirmedEntry", "-1:-1")))
+    if tail_ledger == head[0]:
+        return max(0, tail_entry - head[1])
+    ledgers = {int(info["ledgerId"]): int(info.get("entries", 0)) for info in stats.get("ledgers", [])}
+    lag = max(0, ledgers.get(head[0], 0) - head[1] - 1)
+    lag += sum(entries for ledger, entries in ledgers.items() if head[0] < ledger < tail_ledger)
+    return lag + tail_entry + 1
+
+
 def message_position(message: pulsar.Message) -> Position:
     msg_id = message.message_id()
     return position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
@@ -112,7 +133,7 @@ class PartitionWorker:
         self.snapshots: list[SnapshotRef] = []
         self.owner = False
         self.deleted = False
-        self._pending: list[Marker] | None = None  # markers read while looking for the start snapshot
+        self._pending: list[Marker | DataSeen] | None = None  # read while looking for the start snapshot
         self._init_tail: tuple[int, int] | None = None
         self._init_start: tuple[int, int] | None = None
         self._init_snapshots: list[SnapshotRef] = []
@@ -227,12 +248,12 @@ class PartitionWorker:
         if marker is None or not marker.producer.startswith(SNAPSHOT_PRODUCER_PREFIX):
             self._messages_since_snapshot += 1  # our own snapshots do not call for another one
         if self._pending is not None:
-            self._handle_during_init(marker, position)
+            self._handle_during_init(marker or DataSeen(position, message.producer_name(), message.event_timestamp()))
             return
         assert self.log is not None
         if marker is None:
             self.log.advance_head(position)
-            self._check_assertion(message)
+            self._check_data(DataSeen(position, message.producer_name(), message.event_timestamp()))
             return
         self._fold_head(marker)
 
@@ -260,16 +281,14 @@ class PartitionWorker:
         if marker.kind is MarkerKind.W_SNAPSHOT:
             self._index_snapshot(marker)
 
-    def _check_assertion(self, message: pulsar.Message) -> None:
+    def _check_data(self, data: DataSeen) -> None:
         """Count messages below their own producer's last W_SET (the producer broke its assertion)."""
-        event_time = message.event_timestamp()
-        producer = message.producer_name()
-        if event_time and is_broken_assertion(self.head, producer, event_time):
-            self.ctx.metrics.broken_assertions.labels(self.base_topic, str(self.partition), producer).inc()
-            if producer not in self._broken_logged:
-                self._broken_logged.add(producer)
+        if data.event_time and is_broken_assertion(self.head, data.producer, data.event_time):
+            self.ctx.metrics.broken_assertions.labels(self.base_topic, str(self.partition), data.producer).inc()
+            if data.producer not in self._broken_logged:
+                self._broken_logged.add(data.producer)
                 log.warning("%s: producer %r sent event time %d below its own watermark at %s (a late message)",
-                            self.topic, producer, event_time, message_position(message))  # fmt: skip
+                            self.topic, data.producer, data.event_time, data.position)  # fmt: skip
 
     # -- starting from a snapshot --------------------------------------------------------------------
 
@@ -283,34 +302,40 @@ class PartitionWorker:
         log.info("%s: owner now (instance %s); delivery starts at %s after cursor %s, looking for a snapshot",
                  self.topic, self.config.instance_id, first[:2], self._init_start)  # fmt: skip
 
-    def _handle_during_init(self, marker: Marker | None, position: Position) -> None:
+    def _handle_during_init(self, item: Marker | DataSeen) -> None:
         assert self._pending is not None and self._init_start is not None
-        if marker is not None:
-            snapshot = self._snapshot_ref(marker)
+        if isinstance(item, Marker):
+            snapshot = self._snapshot_ref(item)
             if snapshot is not None:
                 self._init_snapshots.append(snapshot)
                 if snapshot.at[:2] >= self._init_start:
-                    self._restore(snapshot, marker)
+                    self._restore(snapshot, item)
                     return
-            self._pending.append(marker)
-        if self._init_tail is not None and position[:2] >= self._init_tail:
+        self._pending.append(item)
+        if self._init_tail is not None and item.position[:2] >= self._init_tail:
             self._finish_init_at_tail()
 
-    def _restore(self, snapshot: SnapshotRef, marker: Marker) -> None:
-        """Start from `snapshot`; fold the markers read after its stated position."""
-        assert self._pending is not None
+    def _replay_pending(self, after: Position) -> None:
+        """Fold the markers, and check the data, read during the search after position `after`."""
+        assert self._pending is not None and self.log is not None
         pending, self._pending = self._pending, None
+        for item in pending:
+            if item.position <= after:
+                continue
+            if isinstance(item, Marker):
+                self._fold_head(item)
+            else:
+                self.log.advance_head(item.position)
+                self._check_data(item)
+
+    def _restore(self, snapshot: SnapshotRef, marker: Marker) -> None:
+        """Start from `snapshot`; fold what was read after its stated position."""
         self._start_from(WatermarkState.from_dict(snapshot.state, self.config.watermark_config), snapshot.at)
-        for earlier in pending:
-            if earlier.position > snapshot.at:
-                self._fold_head(earlier)
-        self._fold_head(marker)
-        log.info(
-            "%s: restored from the snapshot at %s stating %s",
-            self.topic,
-            marker.position[:2],
-            snapshot.at[:2],
-        )
+        self._pending = [item for item in self._pending or [] if item.position != marker.position]
+        self._pending.append(marker)
+        self._pending.sort(key=lambda item: item.position)
+        self._replay_pending(snapshot.at)
+        log.info("%s: restored from the snapshot at %s stating %s", self.topic, marker.position[:2], snapshot.at[:2])
 
     def _finish_init_at_tail(self) -> None:
         """Reached the tail without a snapshot after our cursor."""
@@ -319,16 +344,13 @@ class PartitionWorker:
             # The cursor's position could not be matched (e.g. its ledger was trimmed): the newest
             # snapshot we were delivered is the best state there is.
             newest = max(self._init_snapshots, key=lambda s: s.at)
-            marker = next(m for m in self._pending if m.position == newest.message)
-            self._pending = [m for m in self._pending if m.position != newest.message]
+            marker = next(m for m in self._pending if isinstance(m, Marker) and m.position == newest.message)
             log.warning("%s: no snapshot matches the cursor %s; using the newest one", self.topic, self._init_start)
             self._restore(newest, marker)
         else:
             log.info("%s: no snapshot after the generator's cursor; folding from the start of the log", self.topic)
-            pending, self._pending = self._pending, None
             self._start_from(WatermarkState.initial(self.config.watermark_config), BEFORE_EVERYTHING)
-            for marker in pending:
-                self._fold_head(marker)
+            self._replay_pending(BEFORE_EVERYTHING)
         if self._last_message is not None and self.log is not None:
             self.log.advance_head(message_position(self._last_message))
 
@@ -494,7 +516,11 @@ class PartitionWorker:
     def _poll_positions(self) -> None:
         """Read every subscription's mark-delete position and move its secondary cursor."""
         assert self.log is not None
-        cursors = self.ctx.admin.internal_stats(self.topic).get("cursors", {})
+        stats = self.ctx.admin.internal_stats(self.topic)
+        self.ctx.metrics.read_lag.labels(self.base_topic, str(self.partition)).set(
+            read_lag(stats, self.log.head_position)
+        )
+        cursors = stats.get("cursors", {})
         for name in self.durable_subscriptions:
             cursor = cursors.get(name)
             if cursor is None:

@@ -10,7 +10,7 @@ import time
 
 import pulsar
 
-from broker_ext.admin import PulsarAdmin, TopicName
+from broker_ext.admin import AdminError, PulsarAdmin, TopicName, TopicNotFound
 from broker_ext.config import INTERNAL_SUBSCRIPTIONS
 from broker_ext.settings import PulsarSettings
 from watermark_core.protocol import MalformedMarker, WatermarkEvent, decode_event, watermark_topic_for
@@ -40,12 +40,19 @@ def status_rows(settings: PulsarSettings, topic: str) -> list[dict[str, str]]:
     try:
         partitions = admin.partitions(name)
         partition_topics = [(i, f"{name}-partition-{i}") for i in range(partitions)] if partitions else [(-1, name)]
+        try:
+            stats = {index: (admin.internal_stats(t), admin.topic_stats(t)) for index, t in partition_topics}
+        except TopicNotFound:
+            raise AdminError(
+                f"topic {name} does not exist; check the name (short, or persistent://tenant/ns/topic)"
+            ) from None
         events = latest_events(client, name)
         rows = []
-        for index, partition_topic in partition_topics:
-            cursors = admin.internal_stats(partition_topic).get("cursors", {})
+        for index, _ in partition_topics:
+            internal, public = stats[index]
+            cursors = internal.get("cursors", {})
             durable = {
-                sub for sub, info in admin.topic_stats(partition_topic).get("subscriptions", {}).items()
+                sub for sub, info in public.get("subscriptions", {}).items()
                 if info.get("isDurable", True) and sub not in INTERNAL_SUBSCRIPTIONS
             }  # fmt: skip
             for sub in sorted(durable):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -9,9 +12,11 @@ from pathlib import Path
 
 import pulsar
 import pytest
+import requests
 
 from broker_ext.admin import PulsarAdmin
 from broker_ext.config import GENERATOR_SUBSCRIPTION
+from broker_ext.local_cluster import free_port
 from broker_ext.settings import PulsarSettings
 from consumer import WatermarkConsumer
 from producer import WatermarkProducer
@@ -323,3 +328,59 @@ def test_two_generators_one_killed_the_other_takes_over(
             gen.stop()
     consumer.close()
     producer.close()
+
+
+def test_metrics_and_status_show_the_watermark(
+    pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, namespace: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    gen = GeneratorProcess(
+        pulsar_settings, tmp_path / "gen.log", "metrics-gen", WM_NAMESPACES=namespace, WM_METRICS_PORT=str(port)
+    ).start()
+    topic = f"persistent://{namespace}/observed"
+    recorder = Recorder()
+    consumer = WatermarkConsumer(pulsar_client, topic, "watched", listener=recorder)
+    producer = WatermarkProducer(pulsar_client, topic, producer_name="visible")
+    idle = WatermarkProducer(pulsar_client, topic, producer_name="resting")
+    try:
+        producer.new_watermark().event_time(123_456).send()
+        idle.new_watermark().event_time(200_000).send()
+        idle.new_watermark().mark_idle().send()
+        producer.send(b"late", event_timestamp=5)  # below its own W_SET: a broken assertion
+        wait_until(lambda: watermarks(recorder) == [123_456], timeout_s=30, what="the watermark")
+
+        def metric(name: str) -> list[str]:
+            text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            return [line for line in text.splitlines() if line.startswith(name + "{")]
+
+        wait_until(lambda: metric("wm_broken_assertions_total"), what="the broken assertion metric")
+        watermark_lines = metric("wm_watermark_ms")
+        assert len(watermark_lines) == 1 and 'subscription="watched"' in watermark_lines[0]
+        assert float(watermark_lines[0].rsplit(" ", 1)[1]) == 123_456
+        assert 'producer="visible"' in metric("wm_broken_assertions_total")[0]
+        assert metric("wm_markers_applied_total")
+
+        status = subprocess.run(
+            [sys.executable, "-m", "broker_ext.cli", "status", topic], capture_output=True, text=True, timeout=60,
+            env={**os.environ, "PULSAR_SERVICE_URL": pulsar_settings.service_url,
+                 "PULSAR_ADMIN_URL": pulsar_settings.admin_url},
+        )  # fmt: skip
+        assert status.returncode == 0, status.stderr
+        row = next(line for line in status.stdout.splitlines() if "watched" in line)
+        assert "123456" in row and "visible=123456" in row and "resting" in row
+    finally:
+        for closable in (consumer, producer, idle):
+            closable.close()
+        gen.stop()
+
+
+def test_status_of_an_unknown_topic_is_one_clear_error(pulsar_settings: PulsarSettings) -> None:
+    status = subprocess.run(
+        [sys.executable, "-m", "broker_ext.cli", "status", "persistent://public/default/no-such-topic-xyz"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PULSAR_SERVICE_URL": pulsar_settings.service_url,
+             "PULSAR_ADMIN_URL": pulsar_settings.admin_url},
+    )  # fmt: skip
+    assert status.returncode == 2
+    assert status.stderr.startswith("broker-ext: error:")
+    assert "no-such-topic-xyz" in status.stderr

@@ -42,8 +42,9 @@ def test_markers_never_reach_the_listener_and_the_backlog_drains(
 
 
 def test_receive_returns_only_data_and_acks_markers(
-    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str
 ) -> None:
+    topic = f"persistent://{namespace}/no-generator"  # no generator follows this namespace
     consumer = WatermarkConsumer(pulsar_client, topic, "sub")
     producer = WatermarkProducer(pulsar_client, topic)
     producer.new_watermark().event_time(5).send()
@@ -150,8 +151,9 @@ def test_malformed_markers_from_a_raw_producer_are_skipped_and_nothing_is_lost(
 
 
 def test_no_generator_still_delivers_and_warns_once(
-    pulsar_client: pulsar.Client, topic: str, caplog: pytest.LogCaptureFixture
+    pulsar_client: pulsar.Client, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    topic = f"persistent://{namespace}/no-generator"  # no generator follows this namespace
     recorder = Recorder()
     with caplog.at_level(logging.WARNING, logger="consumer"):
         consumer = WatermarkConsumer(pulsar_client, topic, "sub", listener=recorder, no_watermark_warning_s=0.5)
