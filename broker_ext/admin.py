@@ -66,6 +66,9 @@ class PulsarAdmin:
         self.settings = settings or PulsarSettings.from_env()
         self.timeout_s = timeout_s
         self._http = requests.Session()
+        # one session serves every partition worker's thread
+        self._http.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
+        self._http.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=64))
         self._http.headers.update(self.settings.admin_headers())
 
     def close(self) -> None:

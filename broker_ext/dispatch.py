@@ -18,8 +18,8 @@ from broker_ext.admin import AdminError, PulsarAdmin
 from watermark_core.protocol import (
     EVENT_PROPERTY,
     WatermarkEvent,
-    encode_event,
-    event_key,
+    encode_table,
+    table_key,
     watermark_topic_for,
 )
 
@@ -52,12 +52,12 @@ class WatermarkDispatcher:
                 self._since_compaction[companion] = (0, time.monotonic())
             return producer
 
-    def publish(self, event: WatermarkEvent) -> None:
-        """Send one event and wait for it, so a watermark is never reported before it is durable."""
-        companion = watermark_topic_for(event.topic)
+    def publish(self, table: list[WatermarkEvent]) -> None:
+        """Send a partition's table (every subscription's watermark) and wait until it is durable."""
+        companion = watermark_topic_for(table[0].topic)
         self._producer(companion).send(
-            encode_event(event),
-            partition_key=event_key(event.partition, event.subscription),
+            encode_table(table),
+            partition_key=table_key(table[0].partition),
             properties={EVENT_PROPERTY: "SendWatermark"},
         )
         self._maybe_compact(companion)

@@ -543,30 +543,41 @@ class PartitionWorker:
                 tracker.mark_delete = mark_delete
 
     def _advance_trackers(self) -> None:
+        """Move every secondary cursor; if any watermark changed, publish the partition's table."""
         assert self.log is not None
+        changed = False
         for tracker in self.trackers.values():
             try:
                 tracker.advance(self.log)
             except BeforeBase:  # a subscription far behind: rebuild from the nearest snapshot
                 target = min(tracker.mark_delete, self.log.head_position)
                 tracker.state, tracker.applied_to = self._state_at(target), target
-            watermark = tracker.state.watermark
-            if watermark is not None and watermark != tracker.published and self.owner:
-                self.ctx.dispatcher.publish(
-                    WatermarkEvent(
-                        topic=self.base_topic,
-                        partition=self.partition,
-                        subscription=tracker.name,
-                        event_time=watermark,
-                        position=tracker.mark_delete[:2],
-                        seq=int(time.time() * 1000),
-                        active=tracker.state.active_producers(),
-                        idle=tuple(tracker.state.idle_producers()),
-                        pending=len(tracker.state.pending_txns),
-                    )
+            changed = changed or (tracker.state.watermark is not None and tracker.state.watermark != tracker.published)
+        if not changed or not self.owner:
+            return
+        seq = time.time_ns() // 1000
+        table = [
+            WatermarkEvent(
+                topic=self.base_topic,
+                partition=self.partition,
+                subscription=tracker.name,
+                event_time=tracker.state.watermark,
+                position=tracker.mark_delete[:2],
+                seq=seq,
+                active=tracker.state.active_producers(),
+                idle=tuple(tracker.state.idle_producers()),
+                pending=len(tracker.state.pending_txns),
+            )
+            for tracker in self.trackers.values()
+            if tracker.state.watermark is not None
+        ]
+        self.ctx.dispatcher.publish(table)
+        for tracker in self.trackers.values():
+            if tracker.state.watermark is not None and tracker.state.watermark != tracker.published:
+                tracker.published = tracker.state.watermark
+                self.ctx.metrics.record_watermark(
+                    self.base_topic, self.partition, tracker.name, tracker.state.watermark
                 )
-                tracker.published = watermark
-                self.ctx.metrics.record_watermark(self.base_topic, self.partition, tracker.name, watermark)
 
     # -- status --------------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import pulsar
 from broker_ext.admin import AdminError, PulsarAdmin, TopicName, TopicNotFound
 from broker_ext.config import INTERNAL_SUBSCRIPTIONS
 from broker_ext.settings import PulsarSettings
-from watermark_core.protocol import MalformedMarker, WatermarkEvent, decode_event, watermark_topic_for
+from watermark_core.protocol import MalformedMarker, WatermarkEvent, decode_table, watermark_topic_for
 
 
 def latest_events(client: pulsar.Client, topic: str, timeout_s: float = 10.0) -> dict[tuple[int, str], WatermarkEvent]:
@@ -24,10 +24,11 @@ def latest_events(client: pulsar.Client, topic: str, timeout_s: float = 10.0) ->
     try:
         while time.monotonic() < deadline and reader.has_message_available():
             try:
-                event = decode_event(reader.read_next(timeout_millis=1000).data())
+                table = decode_table(reader.read_next(timeout_millis=1000).data())
             except (pulsar.Timeout, MalformedMarker):
                 continue
-            latest[(event.partition, event.subscription)] = event
+            for event in table:
+                latest[(event.partition, event.subscription)] = event
     finally:
         reader.close()
     return latest

@@ -20,7 +20,7 @@ from watermark_core.protocol import (
     Watermark,
     WatermarkEvent,
     base_topic_and_partition,
-    decode_event,
+    decode_table,
     watermark_topic_for,
 )
 
@@ -97,7 +97,7 @@ class WatermarkFeed:
 
     def _handle(self, message: pulsar.Message) -> None:
         try:
-            event = decode_event(message.data())
+            events = decode_table(message.data())
         except MalformedMarker as exc:
             self.malformed_events += 1
             if self.malformed_events == 1:
@@ -108,7 +108,8 @@ class WatermarkFeed:
                     exc,
                 )
             return
-        self._apply(event)
+        for event in events:
+            self._apply(event)
 
     def _apply(self, event: WatermarkEvent) -> None:
         if event.subscription != self.subscription or event.topic != self.topic:

@@ -10,7 +10,7 @@ message can be counted and skipped and never stops a component.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeGuard
@@ -273,9 +273,9 @@ def is_watermark_topic(topic: str) -> bool:
     return base_topic_and_partition(topic)[0].endswith(WATERMARK_TOPIC_SUFFIX)
 
 
-def event_key(partition: int, subscription: str) -> str:
-    """The compaction key: compaction keeps the latest event per partition and subscription."""
-    return f"{partition}/{subscription}"
+def table_key(partition: int) -> str:
+    """The compaction key of a partition's table: compaction keeps the latest table per partition."""
+    return str(partition)
 
 
 @dataclass(frozen=True)
@@ -302,13 +302,12 @@ def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def encode_event(event: WatermarkEvent) -> bytes:
-    """The payload of a SendWatermark message (publish it with key `event_key` and `EVENT_PROPERTY`)."""
+def _event_body(event: WatermarkEvent) -> dict[str, Any]:
     if event.event_time is not None:
         _check_event_time(event.event_time)
     if not (_is_int(event.partition) and _is_int(event.seq) and all(_is_int(p) for p in event.position)):
         raise ValueError(f"partition, seq and position of a watermark event must be ints: {event!r}")
-    return _pack({
+    return {
         "topic": event.topic,
         "partition": event.partition,
         "subscription": event.subscription,
@@ -318,12 +317,40 @@ def encode_event(event: WatermarkEvent) -> bytes:
         "active": dict(event.active),
         "idle": list(event.idle),
         "pending": event.pending,
-    })  # fmt: skip
+    }
+
+
+def encode_event(event: WatermarkEvent) -> bytes:
+    """One event on its own (the building block of a table)."""
+    return _pack(_event_body(event))
 
 
 def decode_event(payload: bytes) -> WatermarkEvent:
-    """A SendWatermark event; `MalformedMarker` for anything else."""
+    """One event on its own; `MalformedMarker` for anything else."""
+    return _event_from_body(_unpack(payload))
+
+
+def encode_table(events: Sequence[WatermarkEvent]) -> bytes:
+    """The payload of a SendWatermark message: the watermarks of every subscription of one partition.
+
+    One message per change of the partition, however many subscriptions it has, keyed by
+    `table_key(partition)`: the latest table per partition is all a consumer needs to read.
+    """
+    if not events:
+        raise ValueError("a watermark table needs at least one event")
+    return _pack({"events": [_event_body(event) for event in events]})
+
+
+def decode_table(payload: bytes) -> list[WatermarkEvent]:
+    """The events of a SendWatermark table; `MalformedMarker` for anything else."""
     body = _unpack(payload)
+    events = body.get("events")
+    if not isinstance(events, list) or not events or not all(isinstance(e, dict) for e in events):
+        raise MalformedMarker("bad-event", "a watermark table needs a non-empty list of events")
+    return [_event_from_body(event) for event in events]
+
+
+def _event_from_body(body: Mapping[str, Any]) -> WatermarkEvent:
     topic, partition, subscription = body.get("topic"), body.get("partition"), body.get("subscription")
     event_time, position, seq = body.get("event_time"), body.get("position"), body.get("seq")
     if not isinstance(topic, str) or not topic or not isinstance(subscription, str) or not subscription:

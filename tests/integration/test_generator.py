@@ -160,11 +160,16 @@ def test_seek_back_recomputes_the_watermark_and_seek_forward_restores_it(
 @pytest.mark.usefixtures("generator")
 def test_a_subscription_created_at_earliest_on_a_topic_with_snapshots(pulsar_client: pulsar.Client, topic: str) -> None:
     producer = WatermarkProducer(pulsar_client, topic, producer_name="E")
-    first = WatermarkConsumer(pulsar_client, topic, "first", listener=Recorder())
-    for i in range(300):
+    recorder = Recorder()
+    first = WatermarkConsumer(pulsar_client, topic, "first", listener=recorder)
+    producer.new_watermark().event_time(9_999).send()
+    wait_until(lambda: watermarks(recorder) == [9_999], timeout_s=30, what="the generator following the topic")
+    for i in range(300):  # in three bursts, so the generator writes several snapshots along the way
         if i % 10 == 0:
             producer.new_watermark().event_time(10_000 + i).send()
         producer.send(f"m{i}".encode(), event_timestamp=10_000 + i)
+        if i % 100 == 99:
+            time.sleep(1.5)
     producer.new_watermark().event_time(20_000).send()
 
     def snapshots() -> int:

@@ -20,17 +20,19 @@ from watermark_core.protocol import (
     base_topic_and_partition,
     decode_event,
     decode_marker,
+    decode_table,
     encode_event,
     encode_idle,
     encode_set,
     encode_snapshot,
+    encode_table,
     encode_txn_abort,
     encode_txn_commit,
     entry_end,
-    event_key,
     is_marker,
     is_watermark_topic,
     position_of,
+    table_key,
     watermark_topic_for,
 )
 from watermark_core.state import WatermarkState
@@ -258,9 +260,17 @@ def test_is_watermark_topic() -> None:
     assert not is_watermark_topic("x__watermarks_not")
 
 
-def test_event_key_is_one_per_partition_and_subscription() -> None:
-    assert event_key(3, "sub") == "3/sub"
-    assert event_key(-1, "sub/a") == "-1/sub/a"
+def test_tables_carry_every_subscription_of_a_partition_under_one_key() -> None:
+    assert table_key(3) == "3"
+    assert table_key(-1) == "-1"
+    other = WatermarkEvent("persistent://public/default/t", 2, "other", None, (1, 1), 4)
+    assert decode_table(encode_table([EVENT, other])) == [EVENT, other]
+    with pytest.raises(ValueError):
+        encode_table([])
+    for bad in ({}, {"events": []}, {"events": [1]}, {"events": [{"topic": "t"}]}):
+        with pytest.raises(MalformedMarker) as caught:
+            decode_table(msgpack.packb({"v": 1, **bad}))
+        assert caught.value.reason == "bad-event"
     assert EVENT_PROPERTY == "wm.event"
     assert SEND_WATERMARK == "SendWatermark"
 

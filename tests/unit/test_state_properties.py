@@ -27,6 +27,7 @@ from watermark_core.protocol import (
     WatermarkEvent,
     decode_event,
     decode_marker,
+    decode_table,
     encode_event,
     encode_idle,
     encode_set,
@@ -333,6 +334,8 @@ def test_the_decoder_returns_a_marker_or_none_or_raises_malformed_marker_only(
 def test_the_event_decoder_returns_an_event_or_raises_malformed_marker_only(payload: bytes) -> None:
     with suppress(MalformedMarker):
         assert isinstance(decode_event(payload), WatermarkEvent)
+    with suppress(MalformedMarker):
+        assert all(isinstance(event, WatermarkEvent) for event in decode_table(payload))
 
 
 def paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
