@@ -279,7 +279,7 @@ class LocalCluster:
         self._pid_file("pulsar").write_text(f"{proc.pid}\n")
         self._wait_ready(proc, started, timeout_s)
         say(f"Pulsar is ready after {time.monotonic() - started:.1f} s (pid {proc.pid})")
-        if self.with_generator:
+        if self.with_generator and self.running_pid("generator") is None:
             self._start_generator()
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], started: float, timeout_s: float) -> None:

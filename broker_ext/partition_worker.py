@@ -347,6 +347,14 @@ class PartitionWorker:
             marker = next(m for m in self._pending if isinstance(m, Marker) and m.position == newest.message)
             log.warning("%s: no snapshot matches the cursor %s; using the newest one", self.topic, self._init_start)
             self._restore(newest, marker)
+        elif self._init_start is not None and self._init_start[1] != -1:
+            # Our cursor has moved but no usable snapshot follows it (e.g. an incompatible one):
+            # rebuild the state at the cursor from the start of the log, once.
+            cursor = entry_end(*self._init_start)
+            log.warning("%s: no usable snapshot after the cursor %s; folding the log up to it", self.topic, cursor[:2])
+            state = self._fold_range(WatermarkState.initial(self.config.watermark_config), BEFORE_EVERYTHING, cursor)
+            self._start_from(state, cursor)
+            self._replay_pending(cursor)
         else:
             log.info("%s: no snapshot after the generator's cursor; folding from the start of the log", self.topic)
             self._start_from(WatermarkState.initial(self.config.watermark_config), BEFORE_EVERYTHING)
@@ -371,6 +379,14 @@ class PartitionWorker:
         at = marker.state.get("position")
         if not isinstance(at, list) or len(at) != 3:
             log.warning("%s: snapshot at %s states no position; ignored", self.topic, marker.position)
+            return None
+        try:
+            WatermarkState.from_dict(marker.state, self.config.watermark_config)
+        except MalformedMarker as exc:  # e.g. written by an incompatible version: never fatal, just not used
+            self.ctx.metrics.malformed_markers.labels(self.base_topic, str(self.partition), exc.reason).inc()
+            if exc.reason not in self._malformed_logged:
+                self._malformed_logged.add(exc.reason)
+                log.warning("%s: skipping unusable snapshot at %s: %s", self.topic, marker.position, exc)
             return None
         return SnapshotRef((int(at[0]), int(at[1]), int(at[2])), marker.position, marker.previous, marker.state)
 
@@ -457,9 +473,15 @@ class PartitionWorker:
             reader.close()
 
     def _replay(self, state: WatermarkState, start: Position, target: Position) -> WatermarkState:
-        """Fold the markers in (start, target] read from the log with a reader of our own."""
+        """The state at `target`: markers in (start, target] from the log, then from the marker log."""
         assert self.log is not None
-        stop_at = min(target, self.log.base_position)
+        state = self._fold_range(state, start, min(target, self.log.base_position))
+        if target > self.log.base_position:
+            state = self.log.fold(state, self.log.base_position, target)
+        return state
+
+    def _fold_range(self, state: WatermarkState, start: Position, stop_at: Position) -> WatermarkState:
+        """Fold the markers in (start, stop_at] read from the partition with a reader of our own."""
         reader = self._open_reader(start, inclusive=False)
         try:
             while True:
@@ -477,8 +499,6 @@ class PartitionWorker:
                     state = state.apply(marker)
         finally:
             reader.close()
-        if target > self.log.base_position:
-            state = self.log.fold(state, self.log.base_position, target)
         return state
 
     # -- subscriptions -------------------------------------------------------------------------------
