@@ -1,0 +1,127 @@
+"""`df.writeStream.format("pulsar-watermark")`: rows become messages, the query's watermark a `W_SET`.
+
+Executors write the rows of each batch as messages (columns `value`, optional `key`, `event_time`,
+`properties`). After the batch, on the driver, `commit` reads the event-time watermark Spark used
+for that batch from the checkpoint's offset log and writes it to the topic as `W_SET` from a
+producer whose name is derived from the checkpoint location, so it is the same across restarts
+and a replayed batch re-sends the same watermark (idempotent). Rows are written at least once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+
+@dataclass
+class Written(WriterCommitMessage):
+    rows: int
+
+
+class SinkOptions:
+    def __init__(self, options: Any) -> None:
+        from broker_ext.settings import PulsarSettings
+
+        topic = options.get("topic")
+        if not topic:
+            raise ValueError("option 'topic' is required for the pulsar-watermark sink: .option('topic', 'out')")
+        self.topic = str(topic)
+        env = PulsarSettings.from_env()
+        self.service_url = str(options.get("serviceUrl") or env.service_url)
+        self.admin_url = str(options.get("adminUrl") or env.admin_url)
+        self.auth_token = options.get("authToken") or env.auth_token
+        self.checkpoint = options.get("checkpointLocation")
+        self.producer_name = str(options.get("producerName") or _stable_name(self.checkpoint, self.topic))
+
+    def settings(self) -> Any:
+        from broker_ext.settings import PulsarSettings
+
+        return PulsarSettings(self.service_url, self.admin_url, self.auth_token)
+
+
+def _stable_name(checkpoint: str | None, topic: str) -> str:
+    digest = hashlib.sha1(f"{checkpoint}|{topic}".encode()).hexdigest()[:12]
+    return f"spark-sink-{digest}"
+
+
+def _millis(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1000)
+    return int(value)
+
+
+def batch_watermark(checkpoint: str, batch_id: int) -> int | None:
+    """Spark's event-time watermark for `batch_id` (its offset log's `batchWatermarkMs`)."""
+    path = os.path.join(checkpoint.removeprefix("file:"), "offsets", str(batch_id))
+    try:
+        with open(path) as log:
+            log.readline()
+            return int(json.loads(log.readline()).get("batchWatermarkMs", 0))
+    except (OSError, ValueError):
+        return None
+
+
+class PulsarStreamWriter(DataSourceStreamWriter):
+    def __init__(self, schema: StructType, options: Any) -> None:
+        self.options = SinkOptions(options)
+        if "value" not in schema.fieldNames():
+            raise ValueError("the pulsar-watermark sink needs a 'value' column (binary or string)")
+        self._producer: Any = None
+        self._client: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "_producer": None, "_client": None}
+
+    def write(self, iterator: Iterator[Any]) -> Written:
+        """Executor: send this task's rows and wait until Pulsar has them."""
+        client = self.options.settings().client()
+        producer = client.create_producer(self.options.topic, batching_enabled=True, block_if_queue_full=True)
+        rows = 0
+        try:
+            for row in iterator:
+                fields = row.asDict()
+                value = fields["value"]
+                payload = value.encode() if isinstance(value, str) else bytes(value or b"")
+                kwargs: dict[str, Any] = {}
+                if fields.get("key") is not None:
+                    kwargs["partition_key"] = str(fields["key"])
+                if fields.get("event_time") is not None:
+                    kwargs["event_timestamp"] = _millis(fields["event_time"])
+                if fields.get("properties"):
+                    kwargs["properties"] = {str(k): str(v) for k, v in fields["properties"].items()}
+                producer.send_async(payload, None, **kwargs)
+                rows += 1
+            producer.flush()
+        finally:
+            producer.close()
+            client.close()
+        return Written(rows)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Driver, after the batch: the query's watermark goes to the topic as W_SET."""
+        if not self.options.checkpoint:
+            return
+        watermark = batch_watermark(str(self.options.checkpoint), batchId)
+        if not watermark:
+            return
+        if self._producer is None:
+            from producer import WatermarkProducer
+
+            self._client = self.options.settings().client()
+            self._producer = WatermarkProducer(
+                self._client, self.options.topic, producer_name=self.options.producer_name
+            )
+        self._producer.new_watermark().event_time(watermark).send()
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Rows already sent stay (at least once); the batch is retried by Spark."""

@@ -1,0 +1,313 @@
+"""`spark.readStream.format("pulsar-watermark")`: a Pulsar topic as a Spark stream, with its watermark.
+
+Offsets live in Spark's checkpoint: per partition the last position read (ledger, entry) and the
+broker watermark of the subscription. The driver finds the end of each batch (the partitions' last
+entries from the admin API, the watermark from the generator's companion topic, read *before* the
+ends so that everything below the watermark lies inside the batch); executors read exactly the
+range with a Pulsar reader, hiding markers. After Spark commits a batch, the subscription is
+acknowledged up to the batch's end, so the broker watermark follows what Spark has finished.
+
+Besides data, a batch carries one row with `is_watermark = true` and `event_time` = the broker
+watermark whenever that watermark moved; `read_stream` (in `spark_sink`) turns those rows into
+Spark's own event-time watermark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.types import StructType
+
+SCHEMA = (
+    "key string, value binary, event_time timestamp, publish_time timestamp, topic string, partition int, "
+    "message_id string, properties map<string,string>, is_watermark boolean"
+)
+NO_WATERMARK = -1
+
+
+class SourceOptions:
+    """The options a Spark user passes, checked once with errors that name the fix."""
+
+    def __init__(self, options: Any) -> None:
+        def get(name: str, default: str | None = None) -> str | None:
+            value = options.get(name)  # Spark's options are case-insensitive (stored lower-case)
+            return default if value is None else str(value)
+
+        topic, subscription = get("topic"), get("subscription")
+        if not topic:
+            raise ValueError("option 'topic' is required: .option('topic', 'my-topic')")
+        if not subscription:
+            raise ValueError("option 'subscription' is required: .option('subscription', 'my-spark-job')")
+        self.topic: str = topic
+        self.subscription: str = subscription
+        from broker_ext.settings import PulsarSettings
+
+        env = PulsarSettings.from_env()
+        self.service_url = get("serviceUrl", env.service_url) or env.service_url
+        self.admin_url = (get("adminUrl", env.admin_url) or env.admin_url).rstrip("/")
+        self.auth_token = get("authToken", env.auth_token)
+        self.starting_position = (get("startingPosition", "earliest") or "earliest").lower()
+        if self.starting_position not in ("earliest", "latest"):
+            raise ValueError(
+                f"option 'startingPosition' must be 'earliest' or 'latest', got {self.starting_position!r}"
+            )
+        cap = get("maxMessagesPerTrigger")
+        try:
+            self.max_entries = int(cap) if cap is not None else None
+        except ValueError:
+            raise ValueError(f"option 'maxMessagesPerTrigger' must be a positive integer, got {cap!r}") from None
+        if self.max_entries is not None and self.max_entries <= 0:
+            raise ValueError(f"option 'maxMessagesPerTrigger' must be a positive integer, got {cap!r}")
+        self.watermarks_only = (get("watermarksOnly", "false") or "false").lower() == "true"
+
+    def settings(self) -> Any:
+        from broker_ext.settings import PulsarSettings
+
+        return PulsarSettings(self.service_url, self.admin_url, self.auth_token)
+
+
+class TopicRange(InputPartition):
+    """What one task reads: a partition's (start, end] and, maybe, the watermark row. Picklable."""
+
+    def __init__(self, partition: int, start: list[int] | None, end: list[int] | None, watermark: int | None) -> None:
+        super().__init__((partition, start, end, watermark))
+        self.partition = partition
+        self.start = start
+        self.end = end
+        self.watermark = watermark
+
+
+def _timestamp(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+class PulsarStreamReader(DataSourceStreamReader):
+    """Driver side: offsets and commits. Executor side: `read`. Pulsar handles are never pickled."""
+
+    def __init__(self, schema: StructType, options: Any) -> None:
+        self.options = SourceOptions(options)
+        self._driver: _DriverState | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "_driver": None}
+
+    def _state(self) -> _DriverState:
+        if self._driver is None:
+            self._driver = _DriverState(self.options)
+        return self._driver
+
+    def initialOffset(self) -> dict[str, Any]:
+        if self.options.watermarks_only:
+            return {"wm": NO_WATERMARK}
+        return {"partitions": self._state().starting_positions(), "wm": NO_WATERMARK}
+
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
+        """Watermark first, then the partitions' ends: nothing below the watermark lies past them."""
+        state = self._state()
+        # The offset this was last called for (or returned) is a batch Spark has finished: Spark
+        # asks for the next end only after the previous batch completed. Acknowledging it here,
+        # rather than only in commit() (which Spark calls when the *next* batch starts), lets the
+        # broker watermark move even when no new data would start another batch.
+        finished = start.get("partitions") if start else state.last_end
+        if finished and not self.options.watermarks_only:
+            state.acknowledge(finished)
+        watermark = max(state.watermark(), (start or {}).get("wm", NO_WATERMARK), state.last_watermark)
+        state.last_watermark = watermark
+        if self.options.watermarks_only:
+            return {"wm": watermark}
+        ends = state.ends()
+        if self.options.max_entries is not None and (start or state.last_end):
+            ends = _capped(
+                start.get("partitions", {}) if start else state.last_end or {}, ends, self.options.max_entries
+            )
+        state.last_end = ends
+        return {"partitions": ends, "wm": watermark}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        moved = end.get("wm", NO_WATERMARK) > start.get("wm", NO_WATERMARK)
+        watermark = end["wm"] if moved and end["wm"] >= 0 else None
+        ranges: list[InputPartition] = []
+        starts = start.get("partitions", {})
+        for key, stop in sorted(end.get("partitions", {}).items(), key=lambda item: int(item[0])):
+            begin = starts.get(key)
+            if stop is not None and (begin is None or list(stop) > list(begin)):
+                ranges.append(TopicRange(int(key), begin, stop, None))
+        if watermark is not None:
+            if ranges:
+                first = ranges[0]
+                assert isinstance(first, TopicRange)
+                ranges[0] = TopicRange(first.partition, first.start, first.end, watermark)
+            else:
+                ranges.append(TopicRange(-2, None, None, watermark))
+        return ranges
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Spark finished every batch up to `end`: acknowledge the subscription up to there."""
+        if not self.options.watermarks_only:
+            self._state().acknowledge(end.get("partitions", {}))
+
+    def stop(self) -> None:
+        if self._driver is not None:
+            self._driver.close()
+            self._driver = None
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, TopicRange)
+        if partition.end is not None:
+            yield from _read_range(self.options, partition)
+        if partition.watermark is not None:
+            yield (None, None, _timestamp(partition.watermark), None, self.options.topic, None, None, None, True)
+
+
+def _capped(starts: dict[str, Any], ends: dict[str, Any], max_entries: int) -> dict[str, Any]:
+    """Limit each partition to about `max_entries` entries past its start (within one ledger)."""
+    capped = {}
+    share = max(1, max_entries // max(1, len(ends)))
+    for key, stop in ends.items():
+        begin = starts.get(key)
+        if stop is not None and begin is not None and stop[0] == begin[0] and stop[1] - begin[1] > share:
+            stop = [begin[0], begin[1] + share]
+        capped[key] = stop
+    return capped
+
+
+def _partition_topic(topic: str, partition: int) -> str:
+    return topic if partition < 0 else f"{topic}-partition-{partition}"
+
+
+def _read_range(options: SourceOptions, part: TopicRange) -> Iterator[tuple[Any, ...]]:
+    """Executor: the data messages of one partition in (start, end], markers hidden."""
+    import pulsar
+
+    from broker_ext.admin import TopicName
+    from watermark_core.protocol import MARKER_PROPERTY
+
+    topic = TopicName.parse(options.topic).full
+    name = _partition_topic(topic, part.partition)
+    client = options.settings().client()
+    start_id = (
+        pulsar.MessageId.earliest if part.start is None else pulsar.MessageId(-1, part.start[0], part.start[1], -1)
+    )
+    reader = client.create_reader(name, start_id, start_message_id_inclusive=False)
+    end = (part.end[0], part.end[1]) if part.end is not None else (-1, -1)
+    last_entry: tuple[int, int] | None = None
+    try:
+        while True:
+            if last_entry == end and not reader.has_message_available():
+                break  # the end entry was the topic's last one (a batch whose size we cannot see)
+            try:
+                message = reader.read_next(timeout_millis=30_000)
+            except pulsar.Timeout:
+                raise RuntimeError(f"{name}: messages up to {end} were not readable within 30 s") from None
+            msg_id = message.message_id()
+            entry = (msg_id.ledger_id(), msg_id.entry_id())
+            if part.start is not None and entry <= (part.start[0], part.start[1]):
+                continue
+            if entry > end:
+                break
+            properties = message.properties()
+            if MARKER_PROPERTY not in properties:
+                event_time = message.event_timestamp() or message.publish_timestamp()
+                yield (
+                    message.partition_key() or None,
+                    message.data(),
+                    _timestamp(event_time),
+                    _timestamp(message.publish_timestamp()),
+                    topic,
+                    part.partition,
+                    f"{entry[0]}:{entry[1]}:{msg_id.batch_index()}",
+                    dict(properties),
+                    False,
+                )
+            if entry == end and msg_id.batch_index() < 0:
+                break
+            last_entry = entry
+    finally:
+        reader.close()
+        client.close()
+
+
+class _DriverState:
+    """Long-lived on Spark's driver-side Python worker: admin, watermark feed, acknowledging consumers."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        from broker_ext.admin import PulsarAdmin, TopicName
+
+        self.options = options
+        self.topic = TopicName.parse(options.topic).full
+        self.settings = options.settings()
+        self.admin = PulsarAdmin(self.settings)
+        count = self.admin.partitions(self.topic)
+        if count == 0:
+            self.admin.internal_stats(self.topic)  # raises a clear error for an unknown topic
+        self.partition_indexes = list(range(count)) if count else [-1]
+        self.client = self.settings.client()
+        self.last_watermark = NO_WATERMARK
+        self.last_end: dict[str, Any] | None = None
+        self._consumers: dict[int, Any] = {}
+        self._feed: Any = None
+
+    def _subscription_consumer(self, partition: int) -> Any:
+        """A consumer per partition that only acknowledges (and so creates the subscription)."""
+        import pulsar
+
+        if partition not in self._consumers:
+            initial = (
+                pulsar.InitialPosition.Earliest if self.options.starting_position == "earliest"
+                else pulsar.InitialPosition.Latest
+            )  # fmt: skip
+            self._consumers[partition] = self.client.subscribe(
+                _partition_topic(self.topic, partition), self.options.subscription,
+                consumer_type=pulsar.ConsumerType.Failover, receiver_queue_size=1, initial_position=initial,
+            )  # fmt: skip
+        return self._consumers[partition]
+
+    def starting_positions(self) -> dict[str, list[int] | None]:
+        for partition in self.partition_indexes:
+            self._subscription_consumer(partition)
+        if self.options.starting_position == "earliest":
+            return {str(p): None for p in self.partition_indexes}
+        return self.ends()
+
+    def ends(self) -> dict[str, list[int] | None]:
+        """Each partition's last entry: the end of the next batch."""
+        ends: dict[str, list[int] | None] = {}
+        for partition in self.partition_indexes:
+            stats = self.admin.internal_stats(_partition_topic(self.topic, partition))
+            ledger, entry = (int(x) for x in str(stats.get("lastConfirmedEntry", "-1:-1")).split(":"))
+            ends[str(partition)] = [ledger, entry] if entry >= 0 else None
+        return ends
+
+    def watermark(self) -> int:
+        """The subscription's broker watermark (minimum over partitions), from the generator."""
+        if self._feed is None:
+            from consumer.watermark_feed import WatermarkFeed
+
+            for partition in self.partition_indexes:
+                self._subscription_consumer(partition)
+            self._feed = WatermarkFeed(
+                self.client, self.topic, self.options.subscription, lambda _w: None, partitions=self.partition_indexes
+            )
+        current = self._feed.current
+        return NO_WATERMARK if current is None else int(current.event_time)
+
+    def acknowledge(self, positions: dict[str, Any]) -> None:
+        import pulsar
+
+        for key, position in positions.items():
+            if position is not None:
+                partition = int(key)
+                self._subscription_consumer(partition).acknowledge_cumulative(
+                    pulsar.MessageId(max(partition, 0), position[0], position[1], -1)
+                )
+
+    def close(self) -> None:
+        if self._feed is not None:
+            self._feed.close()
+        for consumer in self._consumers.values():
+            consumer.close()
+        self.client.close()
+        self.admin.close()
