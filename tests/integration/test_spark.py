@@ -1,0 +1,195 @@
+"""Spark on the real broker: the broker watermark is Spark's, and results flow back with watermarks."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pulsar
+import pytest
+
+from broker_ext.admin import PulsarAdmin
+from broker_ext.settings import PulsarSettings
+from consumer import WatermarkConsumer
+from producer import WatermarkProducer
+from tests.integration.helpers import Recorder, wait_until, watermarks
+
+pyspark = pytest.importorskip("pyspark")
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+import spark_sink  # noqa: E402
+
+BASE = 1_700_000_000_000
+WINDOW_MS = 10_000
+
+
+@pytest.fixture(scope="session")
+def spark(pulsar_settings: PulsarSettings) -> Iterator[SparkSession]:
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # executors run this venv's Python
+    os.environ["PULSAR_SERVICE_URL"] = pulsar_settings.service_url
+    os.environ["PULSAR_ADMIN_URL"] = pulsar_settings.admin_url
+    session = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+class Windows:
+    """Collects the windows a query emits, with when they were emitted."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, str, int]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        found = [(int(r["window"]["start"].timestamp() * 1000), r["key"], int(r["count"])) for r in df.collect()]
+        with self.lock:
+            self.rows.extend(found)
+
+    def counts(self) -> dict[tuple[int, str], int]:
+        with self.lock:
+            return {(start, key): count for start, key, count in self.rows}
+
+    def emitted(self) -> list[tuple[int, str]]:
+        with self.lock:
+            return [(start, key) for start, key, _ in self.rows]
+
+
+def _start(spark: SparkSession, topic: str, sink: Windows, checkpoint: Path) -> Any:
+    counts = (
+        spark_sink.read_stream(spark, topic=topic, subscription="spark")
+        .groupBy(F.window("event_time", "10 seconds"), "key")
+        .count()
+    )
+    return (
+        counts.writeStream.outputMode("append")
+        .foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
+
+
+def _produce(producer: WatermarkProducer, keys: list[str], start_s: int, stop_s: int, rng: random.Random) -> Counter:
+    """Events at 1 per second per key, up to 3 s out of order; an honest W_SET each second."""
+    truth: Counter[tuple[int, str]] = Counter()
+    for second in range(start_s, stop_s):
+        for key in keys:
+            event_time = BASE + second * 1000 + rng.randint(0, 3_000)
+            producer.send(f"{key}@{event_time}".encode(), partition_key=key, event_timestamp=event_time)
+            truth[(event_time - (event_time - BASE) % WINDOW_MS, key)] += 1
+        producer.new_watermark().event_time(BASE + second * 1000).send()
+    return truth
+
+
+@pytest.mark.usefixtures("generator")
+def test_windowed_counts_equal_the_ground_truth_across_a_restart(
+    spark: SparkSession, pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str, tmp_path: Path
+) -> None:
+    admin.create_topic(topic, partitions=2)
+    rng = random.Random(7)
+    producers = [WatermarkProducer(pulsar_client, topic, producer_name=f"spark-p{i}") for i in range(2)]
+    for producer in producers:
+        producer.new_watermark().event_time(BASE).send()
+    sink = Windows()
+    query = _start(spark, topic, sink, tmp_path / "ckpt")
+    truth: Counter[tuple[int, str]] = Counter()
+    truth += _produce(producers[0], ["a", "b"], 0, 12, rng)
+    truth += _produce(producers[1], ["c"], 0, 12, rng)
+    # both producers asserted 11 s: the window [0, 10 s) must close
+    wait_until(lambda: (BASE, "a") in sink.counts(), timeout_s=90, what="the first window to close")
+    query.stop()
+
+    query = _start(spark, topic, sink, tmp_path / "ckpt")  # restart from the checkpoint
+    truth += _produce(producers[0], ["a", "b"], 12, 25, rng)
+    truth += _produce(producers[1], ["c"], 12, 25, rng)
+    # no data after this: only the watermark closes the window [20 s, 30 s)
+    for producer in producers:
+        producer.new_watermark().event_time(BASE + 31_000).send()
+    expected = {window: count for window, count in truth.items()}
+    wait_until(lambda: sink.counts().keys() >= expected.keys(), timeout_s=120, what="every window to close")
+    time.sleep(2)
+    query.stop()
+    assert sink.counts() == expected
+    assert len(sink.emitted()) == len(set(sink.emitted())), "a window was emitted twice"
+    for producer in producers:
+        producer.close()
+
+
+@pytest.mark.usefixtures("generator")
+def test_the_sink_writes_rows_and_the_query_watermark_for_a_downstream_consumer(
+    spark: SparkSession, pulsar_client: pulsar.Client, topic: str, tmp_path: Path
+) -> None:
+    output = f"{topic}-out"
+    downstream = Recorder()
+    consumer = WatermarkConsumer(pulsar_client, output, "downstream", listener=downstream)
+    producer = WatermarkProducer(pulsar_client, topic, producer_name="upstream")
+    producer.new_watermark().event_time(BASE).send()
+    for second in range(25):
+        producer.send(b"x", partition_key="k", event_timestamp=BASE + second * 1000)
+        producer.new_watermark().event_time(BASE + second * 1000).send()
+    producer.new_watermark().event_time(BASE + 40_000).send()
+
+    spark_sink.register(spark)
+    counts = (
+        spark_sink.read_stream(spark, topic=topic, subscription="spark")
+        .groupBy(F.window("event_time", "10 seconds"), "key")
+        .count()
+        .select(
+            F.to_json(F.struct(F.col("window.start").cast("long").alias("start"), "key", "count")).alias("value"),
+            F.col("key"),
+            F.col("window.end").alias("event_time"),
+        )
+    )
+    query = (
+        counts.writeStream.format("pulsar-watermark")
+        .outputMode("append")
+        .option("topic", output)
+        .option("checkpointLocation", str(tmp_path / "ckpt-sink"))
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
+    try:
+        wait_until(lambda: len(downstream.messages()) == 3, timeout_s=120, what="three windows downstream")
+        wait_until(lambda: bool(watermarks(downstream)), timeout_s=60, what="a watermark downstream")
+    finally:
+        query.stop()
+    rows = sorted((json.loads(m) for m in downstream.messages()), key=lambda r: r["start"])  # type: ignore[arg-type]
+    assert [(r["start"], r["count"]) for r in rows] == [
+        (BASE // 1000, 10),
+        (BASE // 1000 + 10, 10),
+        (BASE // 1000 + 20, 5),
+    ]
+    # what the downstream consumer saw: never a window whose end is below a watermark it already had
+    seen_watermark = 0
+    for kind, value in downstream.events:
+        if kind == "wm":
+            seen_watermark = int(value)  # type: ignore[call-overload]
+        else:
+            assert (json.loads(value)["start"] * 1000 + WINDOW_MS) >= seen_watermark  # type: ignore[arg-type]
+    assert watermarks(downstream)[-1] >= BASE + 20_000
+    consumer.close()
+    producer.close()
+
+
+def test_bad_options_name_the_fix(spark: SparkSession) -> None:
+    spark_sink.register(spark)
+    with pytest.raises(Exception, match="option 'subscription' is required"):
+        spark.readStream.format("pulsar-watermark").option("topic", "t").load().writeStream.format(
+            "console"
+        ).start().awaitTermination(30)
