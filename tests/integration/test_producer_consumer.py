@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
+import msgpack
 import pulsar
 import pytest
 
@@ -188,3 +189,42 @@ def test_producer_validates_inputs(pulsar_client: pulsar.Client, topic: str) -> 
     producer.close()
     with pytest.raises(RuntimeError, match="closed"):
         producer.new_watermark().event_time(7).send()
+
+
+def test_ingestion_time_watermarks_and_stamps(pulsar_client: pulsar.Client, namespace: str) -> None:
+    topic = f"persistent://{namespace}/ingestion"
+    before = int(time.time() * 1000)
+    producer = WatermarkProducer(pulsar_client, topic, producer_name="clock", ingestion_time_interval_ms=100)
+    producer.send(b"now")
+    time.sleep(1.0)
+    producer.close(idle=False)
+    reader = pulsar_client.create_reader(topic, pulsar.MessageId.earliest)
+    stamps, sets = [], []
+    while reader.has_message_available():
+        message = reader.read_next(timeout_millis=5_000)
+        if message.properties().get(MARKER_PROPERTY) == "W_SET":
+            sets.append(msgpack.unpackb(message.data())["event_time"])
+        elif MARKER_PROPERTY not in message.properties():
+            stamps.append(message.event_timestamp())
+    reader.close()
+    assert len(stamps) == 1 and before <= stamps[0] <= int(time.time() * 1000)
+    assert len(sets) >= 5, sets
+    assert sets == sorted(sets) and sets[0] >= before
+
+
+@pytest.mark.usefixtures("generator")
+def test_a_message_below_the_watermark_is_counted_late(pulsar_client: pulsar.Client, topic: str) -> None:
+    consumer = WatermarkConsumer(pulsar_client, topic, "sub")
+    producer = WatermarkProducer(pulsar_client, topic, producer_name="breaks-promise")
+    producer.new_watermark().event_time(1_000).send()
+    producer.send(b"on time", event_timestamp=1_000)
+    first = consumer.receive(timeout_millis=10_000)
+    consumer.acknowledge(first)
+    wait_until(lambda: consumer.get_last_watermark() is not None, timeout_s=30, what="the watermark")
+    producer.send(b"late", event_timestamp=500)
+    late = consumer.receive(timeout_millis=10_000)
+    assert late.data() == b"late"
+    assert consumer.is_late(late) and not consumer.is_late(first)
+    assert consumer.late_messages == 1
+    consumer.close()
+    producer.close()
