@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "[setup] installing the project and its dev tools into $(VENV)"
 	@$(PY) -m pip install --quiet --upgrade pip
-	@$(PY) -m pip install --quiet -e '.[dev,spark]'
+	@$(PY) -m pip install --quiet -e '.[dev,spark,demo]'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -40,7 +40,7 @@ cluster-status: $(STAMP)
 	$(PY) -m broker_ext.local_cluster status
 
 demo: $(STAMP)
-	$(PY) -m broker_ext.demo
+	$(PY) -m spark_sink.demo
 
 bench: $(STAMP)
 	$(PY) -m bench
