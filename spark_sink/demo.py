@@ -108,6 +108,7 @@ def main() -> int:
         SparkSession.builder.master("local[2]")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )
@@ -233,23 +234,34 @@ def _report(
     say(f"windows of {WINDOW_S} s: ground truth vs each query (count, wall seconds after the window's end passed)")
     header = f"{'window':>8} {'truth':>6} " + " ".join(f"{name:>22}" for name in results)
     print(header)
-    summary = {name: [0, 0, 0.0] for name in results}  # dropped rows, wrong windows, delay sum
+    summary = {name: [0, 0, 0.0, 0] for name in results}  # dropped rows, wrong windows, delay sum, never closed
     for index in range(windows):
         cells = []
         window_end_wall = started + (index + 1) * WINDOW_S / SPEEDUP
         for name, found in results.items():
             count, at = found.get(index, (0, float("nan")))
-            summary[name][0] += max(0, truth[index] - count)
+            if index in found:
+                summary[name][0] += max(0, truth[index] - count)
+                summary[name][2] += at - window_end_wall
+            else:
+                summary[name][3] += 1
             summary[name][1] += count != truth[index]
-            summary[name][2] += 0 if at != at else at - window_end_wall
             cells.append(f"{count:>8} {'ok' if count == truth[index] else 'WRONG':>5} {at - window_end_wall:6.1f}s")
         print(f"{index * WINDOW_S:>7}s {truth[index]:>6} " + " ".join(f"{c:>22}" for c in cells))
-    for name, (dropped, wrong, delay) in summary.items():
-        say(f"{name}: on-time rows dropped {dropped}, wrong windows {wrong}, mean wall delay {delay / windows:.1f} s")
+    for name, (dropped, wrong, delay, never) in summary.items():
+        closed = windows - int(never)
+        say(
+            f"{name}: on-time rows dropped {dropped}, wrong windows {wrong}, windows never closed {never}, "
+            f"mean wall delay {delay / max(1, closed):.1f} s"
+        )
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / "summary.json").write_text(
         json.dumps(
-            {name: {"ontime_rows_dropped": d, "wrong_windows": w} for name, (d, w, _) in summary.items()}, indent=2
+            {
+                name: {"ontime_rows_dropped": d, "wrong_windows": w, "never_closed": n}
+                for name, (d, w, _, n) in summary.items()
+            },
+            indent=2,
         )
     )
 
@@ -268,13 +280,15 @@ def _plot(
     figure, axes = plt.subplots(figsize=(10, 5))
     for name in sorted({e[2] for e in events}):
         points = [(t - started, (et - base) / 1000) for t, et, n in events if n == name]
-        axes.scatter(*zip(*points, strict=True), s=6, label=f"events {name}")
+        xs, ys = zip(*points, strict=True)
+        axes.scatter(xs, ys, s=6, label=f"events {name}")
     for name in sorted({w[1] for w in watermarks}):
         points = sorted(
             (t - started, (wm - base) / 1000) for t, n, wm in watermarks if n == name and wm >= base - 60_000
         )
         if points:
-            axes.step(*zip(*points, strict=True), where="post", label=f"watermark: {name}")
+            xs, ys = zip(*points, strict=True)
+            axes.step(xs, ys, where="post", label=f"watermark: {name}")
     axes.set_xlabel("wall clock (s)")
     axes.set_ylabel("event time (s)")
     axes.legend(fontsize=7)

@@ -76,11 +76,6 @@ class PulsarStreamWriter(DataSourceStreamWriter):
         self.options = SinkOptions(options)
         if "value" not in schema.fieldNames():
             raise ValueError("the pulsar-watermark sink needs a 'value' column (binary or string)")
-        self._producer: Any = None
-        self._client: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "_producer": None, "_client": None}
 
     def write(self, iterator: Iterator[Any]) -> Written:
         """Executor: send this task's rows and wait until Pulsar has them."""
@@ -114,14 +109,19 @@ class PulsarStreamWriter(DataSourceStreamWriter):
         watermark = batch_watermark(str(self.options.checkpoint), batchId)
         if not watermark:
             return
-        if self._producer is None:
-            from producer import WatermarkProducer
+        from producer import WatermarkProducer
 
-            self._client = self.options.settings().client()
-            self._producer = WatermarkProducer(
-                self._client, self.options.topic, producer_name=self.options.producer_name
+        # Open and close per batch: Spark may run commit() in a fresh Python worker each time, and
+        # a producer name can be connected only once at a time (ProducerBusy otherwise).
+        client = self.options.settings().client()
+        try:
+            producer = WatermarkProducer(
+                client, self.options.topic, producer_name=self.options.producer_name, keepalive_interval_ms=None
             )
-        self._producer.new_watermark().event_time(watermark).send()
+            producer.new_watermark().event_time(watermark).send()
+            producer.close(idle=False)
+        finally:
+            client.close()
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Rows already sent stay (at least once); the batch is retried by Spark."""
