@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench import client_throughput, generator
+from bench import client_throughput, generator, spark
 from bench.common import bench_cluster, say, write_results
 from broker_ext.local_cluster import PULSAR_VERSION
 
@@ -14,6 +14,8 @@ def main() -> None:
         figures.update(client_throughput.run(settings))
         say("generator (issue 4)")
         figures.update(generator.run(settings))
+        say("Spark (issue 5)")
+        figures.update(spark.run(settings))
         write_results(figures)
     for key, value in figures.items():
         if not key.endswith("_how"):

@@ -70,6 +70,8 @@ GOALS = {
     "generator_vs_producer_rate_ratio": ">= 1.0",
     "subscriptions_10_vs_1_cost": "<= 1.3",
     "restart_1m_vs_10k_ratio": "within 1.2",
+    "spark_window_close_latency_p50_ms": "< trigger + generator latency",
+    "demo_ontime_rows_dropped_broker": "0",
 }
 
 
