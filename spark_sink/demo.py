@@ -1,6 +1,6 @@
 """`make demo`: producers with watermarks, a Spark query on the broker watermark, and a comparison.
 
-Three sensors write out-of-order events (up to 4 s late) to a partitioned topic: one goes idle
+Three sensors write out-of-order events (up to 8 s late) to a partitioned topic: one goes idle
 halfway, one sends its watermarks inside watermark transactions. One Spark query counts events in
 10 s windows on the broker watermark (`spark_sink.read_stream`) and writes the results, with its
 watermark, to an output topic that a consumer reads. Beside it, the same count with Spark's
@@ -24,7 +24,7 @@ from typing import Any
 WINDOW_S = 10
 EVENT_SECONDS = 60  # event time covered by the demo
 SPEEDUP = 4  # event-time seconds per wall-clock second
-MAX_DISORDER_MS = 4_000
+MAX_DISORDER_MS = 8_000
 HEURISTIC_DELAYS_S = (1, 3)
 OUT_DIR = Path(__file__).resolve().parent.parent / "docs" / "demo"
 
@@ -34,7 +34,7 @@ def say(message: str) -> None:
 
 
 class Sensor(threading.Thread):
-    """An honest producer: events up to 4 s out of order, W_SET(clock - 4 s) twice a second."""
+    """An honest producer: events up to 8 s out of order, W_SET(clock - 8 s) twice a second."""
 
     def __init__(
         self,
@@ -282,7 +282,7 @@ def _record(figures: dict[str, int]) -> None:
         {
             **figures,
             "demo_ontime_rows_dropped_broker_how": "make demo: 3 sensors, 60 s of event time at 4x speed, "
-            "up to 4 s out "
+            "up to 8 s out "
             "of order; rows of emitted windows missing against the ground truth, per query",
         }
     )

@@ -234,15 +234,18 @@ class _DriverState:
     """Long-lived on Spark's driver-side Python worker: admin, watermark feed, acknowledging consumers."""
 
     def __init__(self, options: SourceOptions) -> None:
-        from broker_ext.admin import PulsarAdmin, TopicName
+        from broker_ext.admin import PulsarAdmin, TopicName, TopicNotFound
 
         self.options = options
         self.topic = TopicName.parse(options.topic).full
         self.settings = options.settings()
         self.admin = PulsarAdmin(self.settings)
-        count = self.admin.partitions(self.topic)
-        if count == 0:
-            self.admin.internal_stats(self.topic)  # raises a clear error for an unknown topic
+        try:
+            count = self.admin.partitions(self.topic)
+            if count == 0:
+                self.admin.internal_stats(self.topic)
+        except TopicNotFound:
+            raise ValueError(f"topic {self.topic} does not exist; create it first or check option 'topic'") from None
         self.partition_indexes = list(range(count)) if count else [-1]
         self.client = self.settings.client()
         self.last_watermark = NO_WATERMARK

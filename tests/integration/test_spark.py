@@ -193,3 +193,55 @@ def test_bad_options_name_the_fix(spark: SparkSession) -> None:
         spark.readStream.format("pulsar-watermark").option("topic", "t").load().writeStream.format(
             "console"
         ).start().awaitTermination(30)
+
+
+@pytest.mark.usefixtures("generator")
+def test_a_second_query_on_the_sinks_output_gets_the_first_querys_watermark(
+    spark: SparkSession, pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str, tmp_path: Path
+) -> None:
+    """Upstream counts 10 s windows into a topic; downstream sums them in 30 s windows on its watermark."""
+    output = f"{topic}-tens"
+    admin.create_topic(output)  # the downstream query starts before the upstream one writes
+    producer = WatermarkProducer(pulsar_client, topic, producer_name="chain-source")
+    producer.new_watermark().event_time(BASE).send()
+    for second in range(50):
+        producer.send(b"x", partition_key="k", event_timestamp=BASE + second * 1000)
+        producer.new_watermark().event_time(BASE + second * 1000).send()
+    producer.new_watermark().event_time(BASE + 80_000).send()
+
+    spark_sink.register(spark)
+    upstream = (
+        spark_sink.read_stream(spark, topic=topic, subscription="chain-up")
+        .groupBy(F.window("event_time", "10 seconds"))
+        .count()
+        .select(F.col("count").cast("string").alias("value"), F.col("window.end").alias("event_time"))
+        .writeStream.format("pulsar-watermark")
+        .outputMode("append")
+        .option("topic", output)
+        .option("checkpointLocation", str(tmp_path / "up"))
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
+    sums = Windows()
+    downstream = (
+        spark_sink.read_stream(spark, topic=output, subscription="chain-down")
+        .withColumn("key", F.lit("all"))
+        .withColumn("n", F.col("value").cast("string").cast("long"))
+        .groupBy(F.window("event_time", "30 seconds"), "key")
+        .agg(F.sum("n").alias("count"))
+        .writeStream.outputMode("append")
+        .foreachBatch(sums)
+        .option("checkpointLocation", str(tmp_path / "down"))
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
+    try:
+        # 30 s windows are aligned to the epoch: [B+10 s, B+40 s) holds the upstream windows ending at
+        # 10, 20 and 30 s, [B+40 s, B+70 s) those ending at 40 and 50 s; the last closes only when the
+        # upstream query's watermark, written by its sink, passes B+70 s
+        wait_until(lambda: len(sums.counts()) == 2, timeout_s=180, what="the two downstream windows")
+    finally:
+        upstream.stop()
+        downstream.stop()
+    assert sums.counts() == {(BASE + 10_000, "all"): 30, (BASE + 40_000, "all"): 20}
+    producer.close()
