@@ -50,24 +50,29 @@ def spark(pulsar_settings: PulsarSettings) -> Iterator[SparkSession]:
 
 
 class Windows:
-    """Collects the windows a query emits, with when they were emitted."""
+    """Collects the windows a query emits. A batch replayed after a restart (Spark's foreachBatch is
+    at least once: a stop between the call and the commit log replays it) replaces its first run,
+    keyed by batch id, as Spark's documentation advises for idempotent sinks."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[int, str, int]] = []
+        self.by_batch: dict[int, list[tuple[int, str, int]]] = {}
         self.lock = threading.Lock()
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         found = [(int(r["window"]["start"].timestamp() * 1000), r["key"], int(r["count"])) for r in df.collect()]
         with self.lock:
-            self.rows.extend(found)
+            self.by_batch[batch_id] = found
+
+    @property
+    def rows(self) -> list[tuple[int, str, int]]:
+        with self.lock:
+            return [row for batch in sorted(self.by_batch) for row in self.by_batch[batch]]
 
     def counts(self) -> dict[tuple[int, str], int]:
-        with self.lock:
-            return {(start, key): count for start, key, count in self.rows}
+        return {(start, key): count for start, key, count in self.rows}
 
     def emitted(self) -> list[tuple[int, str]]:
-        with self.lock:
-            return [(start, key) for start, key, _ in self.rows]
+        return [(start, key) for start, key, _ in self.rows]
 
 
 def _start(spark: SparkSession, topic: str, sink: Windows, checkpoint: Path) -> Any:
