@@ -30,8 +30,9 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(PY) -m pytest -m integration -q
 
+# AUTH=token: token authentication and authorization (docs/SECURITY.md); tokens in .cluster/auth/
 cluster-up: $(STAMP)
-	$(PY) -m broker_ext.local_cluster up
+	$(PY) -m broker_ext.local_cluster up $(if $(AUTH),--auth $(AUTH))
 
 cluster-down: $(STAMP)
 	$(PY) -m broker_ext.local_cluster down

@@ -6,6 +6,8 @@ that is refused each raise `AdminError` with one line saying what to do.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -88,11 +90,7 @@ class PulsarAdmin:
         if response.status_code == 404:
             raise TopicNotFound(f"not found: {path} ({response.text.strip()[:200]})", 404)
         if response.status_code in (401, 403):
-            raise AdminError(
-                f"Pulsar admin API refused {method} {path} ({response.status_code}); "
-                "set PULSAR_AUTH_TOKEN to a token with the needed permissions",
-                response.status_code,
-            )
+            raise AdminError(self._refused(method, path, response), response.status_code)
         if response.status_code >= 400:
             raise AdminError(
                 f"Pulsar admin API {method} {path} failed with {response.status_code}: {response.text.strip()[:300]}",
@@ -104,6 +102,52 @@ class PulsarAdmin:
             return response.json()
         except ValueError:
             return response.text
+
+    def _refused(self, method: str, path: str, response: requests.Response) -> str:
+        """A 401 or 403 as one line that says what to do about it.
+
+        Pulsar answers 401 both when it cannot authenticate the caller (an HTML page, "Authentication
+        required") and when the authenticated role is not authorized (JSON `{"reason": "Unauthorized
+        to ... operation [X] ..."}`), sometimes 403 for the latter; the body tells them apart.
+        """
+        where = f"Pulsar admin API at {self.settings.admin_url} refused {method} {path}"
+        token = self.settings.auth_token
+        operation = _OPERATION.search(response.text)
+        if token is None:
+            return (
+                f"{where} ({response.status_code}: authentication required); set PULSAR_AUTH_TOKEN or "
+                "PULSAR_AUTH_TOKEN_FILE (Spark: option authToken) to a token of a role with access; a local cluster "
+                "started with 'make cluster-up AUTH=token' writes them to .cluster/auth/"
+            )
+        if operation is None and "Unauthorized" not in response.text:
+            return (
+                f"{where} ({response.status_code}: the token in PULSAR_AUTH_TOKEN / PULSAR_AUTH_TOKEN_FILE was not "
+                "accepted); use a token signed with this cluster's key ('make cluster-up AUTH=token' writes them "
+                "to .cluster/auth/)"
+            )
+        from broker_ext.auth_tokens import role_of
+
+        role = role_of(token) or "<role>"
+        needed, namespace = required_permission(path, operation.group(1) if operation else None)
+        what = f"operation {operation.group(1)}" if operation else f"{method} {path}"
+        if namespace is None or needed == "a super user":
+            return (
+                f"{where} ({response.status_code}): role {role!r} is not allowed {what}, which needs a super user; "
+                "use a super user's token in PULSAR_AUTH_TOKEN or PULSAR_AUTH_TOKEN_FILE"
+            )
+        if needed == "tenant admin":
+            tenant = namespace.split("/")[0]
+            return (
+                f"{where} ({response.status_code}): role {role!r} is not allowed {what}, which needs an admin of "
+                f"tenant {tenant!r} (pulsar-admin tenants update {tenant} --admin-roles {role}) or a super user"
+            )
+        return (
+            f"{where} ({response.status_code}): role {role!r} lacks permission {needed} on namespace {namespace} "
+            f"({what}); grant it as a super user with 'pulsar-admin namespaces grant-permission {namespace} "
+            f"--role {role} --actions produce,consume' (REST: POST /admin/v2/namespaces/{namespace}/permissions/"
+            f'{role} with body ["produce", "consume"]), or set PULSAR_AUTH_TOKEN / PULSAR_AUTH_TOKEN_FILE to a '
+            "token of a role that has it"
+        )
 
     # -- health and namespaces -------------------------------------------------------------
 
@@ -123,6 +167,17 @@ class PulsarAdmin:
         except AdminError as exc:
             if exc.status != 409:
                 raise
+
+    def grant_namespace_permission(self, namespace: str, role: str, actions: Sequence[str]) -> None:
+        """Grant `role` the namespace permissions `actions` (produce, consume, ...); needs a super user."""
+        self._call("POST", f"namespaces/{namespace}/permissions/{quote(role, safe='')}", json=list(actions))
+
+    def namespace_permissions(self, namespace: str) -> dict[str, list[str]]:
+        """Each role's granted actions on the namespace; needs a super user or the tenant's admin."""
+        return {
+            role: list(actions)
+            for role, actions in (self._call("GET", f"namespaces/{namespace}/permissions") or {}).items()
+        }
 
     def list_topics(self, namespace: str = "public/default") -> list[str]:
         """Every persistent topic of a namespace: partitions and non-partitioned topics."""
@@ -175,3 +230,45 @@ def parse_position(text: str) -> tuple[int, int]:
     """Parse the admin API's 'ledgerId:entryId' form."""
     ledger, entry = text.split(":", 1)
     return int(ledger), int(entry)
+
+
+_OPERATION = re.compile(r"operation \[([A-Z_]+)\]")
+_TOPIC_PATH = re.compile(r"^(?:persistent|non-persistent)/([^/]+)/([^/]+)(?:/([^/]+)(?:/(.*))?)?$")
+_NAMESPACE_PATH = re.compile(r"^namespaces/([^/]+)/([^/]+)(?:/(.*))?$")
+_TENANT_PATH = re.compile(r"^namespaces/([^/]+)$")
+
+_PRODUCE_OR_CONSUME = {"LOOKUP", "GET_STATS", "GET_METADATA", "GET_TOPIC", "GET_TOPICS", "GET_BUNDLE"}
+_CONSUME = {
+    "CONSUME", "SUBSCRIBE", "UNSUBSCRIBE", "GET_SUBSCRIPTIONS", "SKIP", "EXPIRE_MESSAGES", "PEEK_MESSAGES",
+    "RESET_CURSOR", "GET_BACKLOG_SIZE", "CLEAR_BACKLOG",
+}  # fmt: skip
+_SUPER_USER = {"HEALTH_CHECK", "LIST_CLUSTERS", "CREATE_TENANT", "DELETE_TENANT", "UPDATE_TENANT"}
+
+
+def required_permission(path: str, operation: str | None = None) -> tuple[str, str | None]:
+    """What an admin call needs under Pulsar's default authorization, and on which namespace.
+
+    `operation` is the one Pulsar names in its refusal (e.g. GET_STATS). Topic lists, partition
+    metadata, stats and internal stats need produce or consume on the namespace; subscriptions need
+    consume; compaction, unloading and policies need tenant admin; broker-wide calls a super user.
+    """
+    namespace: str | None = None
+    rest = ""
+    if topic := _TOPIC_PATH.match(path):
+        namespace, rest = f"{topic.group(1)}/{topic.group(2)}", topic.group(4) or ""
+    elif namespace_call := _NAMESPACE_PATH.match(path):
+        namespace, rest = f"{namespace_call.group(1)}/{namespace_call.group(2)}", "policies"
+    elif tenant := _TENANT_PATH.match(path):
+        return "tenant admin", f"{tenant.group(1)}/*"
+    if operation in _SUPER_USER or namespace is None:
+        return "a super user", None
+    if operation == "PRODUCE":
+        return "produce", namespace
+    if operation in _CONSUME or (operation is None and "subscription" in rest):
+        return "consume", namespace
+    if operation in _PRODUCE_OR_CONSUME or (operation is None and rest != "policies" and not _ADMIN_REST.search(rest)):
+        return "produce or consume", namespace
+    return "tenant admin", namespace
+
+
+_ADMIN_REST = re.compile(r"(^|/)(compaction|unload|offload|terminate|trim|policies)\b")

@@ -38,6 +38,7 @@ class WatermarkDispatcher:
         self._instance_id = instance_id
         self._producers: dict[str, pulsar.Producer] = {}
         self._since_compaction: dict[str, tuple[int, float]] = {}
+        self._compaction_refused = False
         self._lock = threading.Lock()
 
     def _producer(self, companion: str) -> pulsar.Producer:
@@ -68,11 +69,18 @@ class WatermarkDispatcher:
             count += 1
             due = count == 1 or count >= COMPACT_EVERY_EVENTS or time.monotonic() - since >= COMPACT_EVERY_S
             self._since_compaction[companion] = (0, time.monotonic()) if due else (count, since)
-        if due:
+        if due and not self._compaction_refused:
             try:
                 self._admin.trigger_compaction(companion)
             except AdminError as exc:  # 409: one is running already; anything else is retried later
-                if exc.status != 409:
+                if exc.status in (401, 403):  # not this role's right (tenant admin): say so once, then stop asking
+                    self._compaction_refused = True
+                    log.warning(
+                        "compaction of the __watermarks topics is not triggered: %s. Watermarks still flow; a "
+                        "consumer that attaches reads the companion topic's whole history (see docs/SECURITY.md)",
+                        exc,
+                    )
+                elif exc.status != 409:
                     log.warning("compaction of %s not triggered: %s", companion, exc)
 
     def forget(self, topic: str) -> None:

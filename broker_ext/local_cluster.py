@@ -24,6 +24,17 @@ from pathlib import Path
 
 import requests
 
+from broker_ext.auth_tokens import (
+    ADMIN_ROLE,
+    CLIENT_ACTIONS,
+    CLIENT_ROLE,
+    DEFAULT_NAMESPACE,
+    GENERATOR_ACTIONS,
+    GENERATOR_ROLE,
+    TokenAuth,
+)
+from broker_ext.settings import PulsarSettings
+
 PULSAR_VERSION = "4.0.7"
 """Pinned: the newest 4.0 LTS release whose every broker dependency is on Maven Central."""
 
@@ -31,8 +42,17 @@ MIN_JAVA = 17
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+AUTH_MODES = (None, "token")
+
+
 class ClusterError(RuntimeError):
     """Something stops the local cluster; the message is one line that says what to do."""
+
+
+def _auth_mode(value: str | None) -> str | None:
+    """`--auth` / `PULSAR_WM_AUTH`: empty or "none" is off, "token" is token authentication."""
+    value = (value or "").strip().lower()
+    return None if value in ("", "none", "off") else value
 
 
 def cache_dir() -> Path:
@@ -167,6 +187,12 @@ class LocalCluster:
     heap: str = "1g"
     extra_broker_config: dict[str, str] = field(default_factory=dict)
     generator_env: dict[str, str] = field(default_factory=dict)
+    auth: str | None = None
+    """None, or "token": token authentication and authorization (docs/SECURITY.md)."""
+
+    def __post_init__(self) -> None:
+        if self.auth not in AUTH_MODES:
+            raise ClusterError(f"unknown authentication {self.auth!r}; use one of: {', '.join(map(str, AUTH_MODES))}")
 
     @classmethod
     def from_env(cls, state_dir: Path | None = None) -> LocalCluster:
@@ -174,10 +200,21 @@ class LocalCluster:
             broker_port=int(os.environ.get("PULSAR_BROKER_PORT", "6650")),
             web_port=int(os.environ.get("PULSAR_WEB_PORT", "8080")),
             bookie_port=int(os.environ.get("PULSAR_BOOKIE_PORT", "3181")),
+            auth=_auth_mode(os.environ.get("PULSAR_WM_AUTH")),
         )
         if state_dir is not None:
             cluster.state_dir = state_dir
         return cluster
+
+    @property
+    def tokens(self) -> TokenAuth:
+        """The key and the roles' token files (used when `auth` is "token")."""
+        return TokenAuth(self.state_dir / "auth")
+
+    def admin_settings(self) -> PulsarSettings:
+        """Settings for the cluster's own calls: the super user's token when authentication is on."""
+        token = self.tokens.token(ADMIN_ROLE) if self.auth == "token" else None
+        return PulsarSettings(self.service_url, self.admin_url, token)
 
     @property
     def service_url(self) -> str:
@@ -227,6 +264,7 @@ class LocalCluster:
             "managedLedgerCacheSizeMB": "128",
             "dbStorage_writeCacheMaxSizeMb": "64",
             "dbStorage_readAheadCacheMaxSizeMb": "64",
+            **(self.tokens.broker_config() if self.auth == "token" else {}),
             **self.extra_broker_config,
         }
         conf = self.state_dir / "standalone.conf"
@@ -241,9 +279,16 @@ class LocalCluster:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         pid = self.running_pid("pulsar")
         if pid is not None:
-            say(f"already running: Pulsar standalone pid {pid} at {self.service_url} ({self.state_dir})")
+            running_auth = self._configured_auth()
+            say(
+                f"already running: Pulsar standalone pid {pid} at {self.service_url} ({self.state_dir})"
+                + (", token authentication on" if running_auth else "")
+            )
+            self.auth = running_auth
             if self.with_generator and self.running_pid("generator") is None:
                 self._start_generator()
+            if self.auth == "token":
+                self._say_how_to_authenticate()
             return
         java = check_java()
         for port in (self.broker_port, self.web_port, self.bookie_port):
@@ -253,6 +298,8 @@ class LocalCluster:
                     "other ports (PULSAR_BROKER_PORT, PULSAR_WEB_PORT, PULSAR_BOOKIE_PORT)"
                 )
         lib = ensure_pulsar_jars()
+        if self.auth == "token":
+            self.tokens.ensure()
         conf = self.write_config()
         started = time.monotonic()
         say(f"starting Pulsar {PULSAR_VERSION} standalone on {self.service_url}, admin {self.admin_url}")
@@ -279,14 +326,44 @@ class LocalCluster:
         self._pid_file("pulsar").write_text(f"{proc.pid}\n")
         self._wait_ready(proc, started, timeout_s)
         say(f"Pulsar is ready after {time.monotonic() - started:.1f} s (pid {proc.pid})")
+        if self.auth == "token":
+            self.grant_permissions()
         if self.with_generator and self.running_pid("generator") is None:
             self._start_generator()
+        if self.auth == "token":
+            self._say_how_to_authenticate()
+
+    def _configured_auth(self) -> str | None:
+        """The authentication the running broker was started with (from its standalone.conf)."""
+        conf = self.state_dir / "standalone.conf"
+        text = conf.read_text() if conf.exists() else ""
+        return "token" if "authenticationEnabled=true" in text.splitlines() else None
+
+    def grant_permissions(self) -> None:
+        """As the super user: the generator's least permissions and the sample client's on public/default."""
+        from broker_ext.admin import PulsarAdmin
+
+        admin = PulsarAdmin(self.admin_settings())
+        try:
+            admin.grant_namespace_permission(DEFAULT_NAMESPACE, GENERATOR_ROLE, GENERATOR_ACTIONS)
+            admin.grant_namespace_permission(DEFAULT_NAMESPACE, CLIENT_ROLE, CLIENT_ACTIONS)
+        finally:
+            admin.close()
+        say(
+            f"granted {DEFAULT_NAMESPACE}: role {GENERATOR_ROLE!r} {','.join(GENERATOR_ACTIONS)}, "
+            f"role {CLIENT_ROLE!r} {','.join(CLIENT_ACTIONS)}; super user {ADMIN_ROLE!r}"
+        )
+
+    def _say_how_to_authenticate(self) -> None:
+        say(f"token authentication is on; tokens in {self.tokens.directory}:")
+        for role in (CLIENT_ROLE, GENERATOR_ROLE, ADMIN_ROLE):
+            say(f"  role {role!r}: export PULSAR_AUTH_TOKEN_FILE={self.tokens.token_file(role)}")
+        say("  (Spark: .option('authToken', <the file's content>); see docs/SECURITY.md)")
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], started: float, timeout_s: float) -> None:
         from broker_ext.admin import PulsarAdmin
-        from broker_ext.settings import PulsarSettings
 
-        admin = PulsarAdmin(PulsarSettings(self.service_url, self.admin_url), timeout_s=5)
+        admin = PulsarAdmin(self.admin_settings(), timeout_s=5)
         last_report = 0.0
         while True:
             if proc.poll() is not None:
@@ -316,6 +393,9 @@ class LocalCluster:
             "PULSAR_ADMIN_URL": self.admin_url,
             **self.generator_env,
         }
+        if self.auth == "token":  # the generator's own role, never a token of the caller's shell
+            env.pop("PULSAR_AUTH_TOKEN", None)
+            env["PULSAR_AUTH_TOKEN_FILE"] = str(self.tokens.token_file(GENERATOR_ROLE))
         with (self.state_dir / "generator.log").open("ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "broker_ext.cli", "serve"], stdout=out, stderr=subprocess.STDOUT,
@@ -445,10 +525,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["up", "down", "status", "fetch"])
     parser.add_argument("--state-dir", type=Path, default=None, help="where config, data, logs and pids live")
     parser.add_argument("--no-generator", action="store_true", help="start only the broker")
+    parser.add_argument(
+        "--auth",
+        choices=["none", "token"],
+        default=None,
+        help="'token': token authentication and authorization, tokens written to <state dir>/auth "
+        "(default: $PULSAR_WM_AUTH, else none; see docs/SECURITY.md)",
+    )
     args = parser.parse_args(argv)
-    cluster = LocalCluster.from_env(args.state_dir)
-    cluster.with_generator = not args.no_generator
     try:
+        cluster = LocalCluster.from_env(args.state_dir)
+        if args.auth is not None:
+            cluster.auth = _auth_mode(args.auth)
+        cluster.with_generator = not args.no_generator
         if args.action == "up":
             cluster.up()
         elif args.action == "down":
