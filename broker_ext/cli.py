@@ -12,6 +12,7 @@ from types import FrameType
 from broker_ext import config as generator_config
 from broker_ext.admin import AdminError
 from broker_ext.settings import PulsarSettings
+from watermark_core.errors import PulsarClientError, checked_admin_url, checked_service_url
 
 log = logging.getLogger("broker_ext")
 
@@ -28,11 +29,21 @@ def _serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    runner = threading.Thread(target=service.run, name="wm-service")
+    service.start_metrics()  # a busy port is one clear error here, before anything runs
+    failure: list[BaseException] = []
+
+    def _run() -> None:
+        try:
+            service.run()
+        except BaseException as exc:  # reported below: the exit code must say the service failed
+            failure.append(exc)
+            log.exception("the watermark generator stopped on an unexpected error")
+
+    runner = threading.Thread(target=_run, name="wm-service")
     runner.start()
     while runner.is_alive():
         runner.join(timeout=0.5)
-    return 0
+    return 1 if failure else 0
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -64,8 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
+        settings = PulsarSettings.from_env()
+        checked_service_url(settings.service_url)
+        checked_admin_url(settings.admin_url)
         return int(args.run(args))
-    except (AdminError, ValueError) as exc:
+    except (AdminError, PulsarClientError, ValueError, OSError) as exc:
         print(f"broker-ext: error: {exc}", file=sys.stderr)
         return 2
 

@@ -32,6 +32,7 @@ from broker_ext.config import (
 from broker_ext.dispatch import WatermarkDispatcher
 from broker_ext.marker_log import BeforeBase, MarkerLog, SubscriptionTracker
 from broker_ext.metrics import GeneratorMetrics
+from watermark_core.errors import explain
 from watermark_core.protocol import (
     MARKER_PROPERTY,
     MalformedMarker,
@@ -81,6 +82,7 @@ class Context:
     config: GeneratorConfig
     dispatcher: WatermarkDispatcher
     metrics: GeneratorMetrics
+    settings_service_url: str | None = None
 
 
 def normalized_mark_delete(stats: dict[str, object], subscription: str) -> tuple[int, int]:
@@ -164,15 +166,26 @@ class PartitionWorker:
 
     def _run(self) -> None:
         backoff = 0.5
+        failing = False
         while not self._stop.is_set() and not self.deleted:
             try:
                 self._step()
                 backoff = 0.5
+                if failing:
+                    failing = False
+                    log.info("%s: reading again", self.topic)
             except TopicNotFound:
                 log.info("%s: topic deleted; dropping it", self.topic)
                 self.deleted = True
             except (AdminError, pulsar.PulsarException) as exc:
-                log.warning("%s: %s; retrying in %.1f s", self.topic, exc, backoff)
+                # A broker that went away: say once what is wrong and how to fix it, then retry quietly
+                # (the Pulsar client reconnects by itself; the state is kept and resumes where it was).
+                reason = explain(exc, service_url=self.ctx.settings_service_url, topic=self.topic, doing="read") or exc
+                if not failing:
+                    log.warning("%s: %s; retrying with a back-off up to %.0f s", self.topic, reason, MAX_BACKOFF_S)
+                else:
+                    log.debug("%s: %s; retrying in %.1f s", self.topic, reason, backoff)
+                failing = True
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
             except Exception:

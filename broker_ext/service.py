@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 
 import pulsar
 
@@ -17,6 +18,9 @@ from broker_ext.settings import PulsarSettings
 from watermark_core.protocol import is_watermark_topic
 
 log = logging.getLogger(__name__)
+
+FAILURE_REPEAT_S = 60.0
+"""While the broker stays away, repeat its warning this often (not at every retry)."""
 
 
 def is_followable(topic: str) -> bool:
@@ -35,9 +39,12 @@ class GeneratorService:
         self.admin = PulsarAdmin(self.settings)
         self.metrics = GeneratorMetrics()
         self.dispatcher = WatermarkDispatcher(self.client, self.admin, config.instance_id)
-        self.ctx = Context(self.client, self.admin, config, self.dispatcher, self.metrics)
+        self.ctx = Context(self.client, self.admin, config, self.dispatcher, self.metrics, self.settings.service_url)
         self.workers: dict[str, PartitionWorker] = {}
         self._stop = threading.Event()
+        self._metrics_started = False
+        self._failing_since: float | None = None
+        self._last_failure_log = 0.0
 
     def partition_topics(self) -> set[str]:
         """Every partition (or non-partitioned topic) the configuration names, as it is now."""
@@ -65,19 +72,57 @@ class GeneratorService:
             if not worker.alive:
                 self.workers.pop(topic)
 
+    def start_metrics(self) -> None:
+        """Serve /metrics; a port in use is a ValueError that names the flag to change."""
+        if self._metrics_started:
+            return
+        try:
+            self.metrics.serve(self.config.metrics_port)
+        except OSError as exc:
+            raise ValueError(
+                f"cannot serve metrics on 127.0.0.1:{self.config.metrics_port} ({exc.strerror or exc}); choose "
+                "another port with --metrics-port or WM_METRICS_PORT (0 turns metrics off)"
+            ) from None
+        self._metrics_started = True
+
     def run(self) -> None:
-        """Discover topics every few seconds until `stop()`; errors are logged and retried."""
-        self.metrics.serve(self.config.metrics_port)
-        log.info("watermark generator %s following namespaces %s and topics %s on %s",
+        """Discover topics every few seconds until `stop()`; errors are logged and retried.
+
+        While the admin API does not answer (broker down, wrong PULSAR_ADMIN_URL) the generator keeps
+        trying: the first failure is logged as a warning that names the fix, then once a minute, and
+        the recovery is logged when the broker answers again.
+        """
+        self.start_metrics()
+        log.info("watermark generator %s following namespaces %s and topics %s on %s (admin %s)",
                  self.config.instance_id, list(self.config.namespaces), list(self.config.topics),
-                 self.settings.service_url)  # fmt: skip
+                 self.settings.service_url, self.settings.admin_url)  # fmt: skip
         while not self._stop.is_set():
             try:
                 self.sync_workers()
             except AdminError as exc:
-                log.warning("topic discovery failed: %s", exc)
+                self._discovery_failed(exc)
+            else:
+                self._discovery_succeeded()
             self._stop.wait(self.config.discovery_interval_s)
         self.close()
+
+    def _discovery_failed(self, exc: AdminError) -> None:
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+            self._last_failure_log = now
+            log.warning("topic discovery failed: %s; retrying every %.0f s", exc, self.config.discovery_interval_s)
+        elif now - self._last_failure_log >= FAILURE_REPEAT_S:
+            self._last_failure_log = now
+            log.warning("topic discovery still failing after %.0f s: %s", now - self._failing_since, exc)
+        else:
+            log.debug("topic discovery failed: %s", exc)
+
+    def _discovery_succeeded(self) -> None:
+        if self._failing_since is not None:
+            log.info("the admin API at %s answers again after %.0f s; following %d partitions",
+                     self.settings.admin_url, time.monotonic() - self._failing_since, len(self.workers))  # fmt: skip
+            self._failing_since = None
 
     def stop(self) -> None:
         self._stop.set()

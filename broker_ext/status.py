@@ -13,6 +13,7 @@ import pulsar
 from broker_ext.admin import AdminError, PulsarAdmin, TopicName, TopicNotFound
 from broker_ext.config import INTERNAL_SUBSCRIPTIONS
 from broker_ext.settings import PulsarSettings
+from watermark_core.errors import explained
 from watermark_core.protocol import MalformedMarker, WatermarkEvent, decode_table, watermark_topic_for
 
 
@@ -37,17 +38,19 @@ def latest_events(client: pulsar.Client, topic: str, timeout_s: float = 10.0) ->
 def status_rows(settings: PulsarSettings, topic: str) -> list[dict[str, str]]:
     name = TopicName.parse(topic).full
     admin = PulsarAdmin(settings)
-    client = settings.client()
+    client = settings.client(operation_timeout_seconds=10)  # interactive: a broker that is away fails in 10 s
     try:
-        partitions = admin.partitions(name)
-        partition_topics = [(i, f"{name}-partition-{i}") for i in range(partitions)] if partitions else [(-1, name)]
         try:
+            partitions = admin.partitions(name)
+            partition_topics = [(i, f"{name}-partition-{i}") for i in range(partitions)] if partitions else [(-1, name)]
             stats = {index: (admin.internal_stats(t), admin.topic_stats(t)) for index, t in partition_topics}
         except TopicNotFound:
             raise AdminError(
-                f"topic {name} does not exist; check the name (short, or persistent://tenant/ns/topic)"
+                f"topic {name} does not exist at {settings.admin_url}; check the name (short, or "
+                "persistent://tenant/namespace/topic) and PULSAR_ADMIN_URL"
             ) from None
-        events = latest_events(client, name)
+        with explained(service_url=settings.service_url, topic=watermark_topic_for(name), doing="read"):
+            events = latest_events(client, name)
         rows = []
         for index, _ in partition_topics:
             internal, public = stats[index]

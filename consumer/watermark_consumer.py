@@ -20,6 +20,7 @@ import pulsar
 
 from consumer.listener import WatermarkListener
 from consumer.watermark_feed import WatermarkFeed
+from watermark_core.errors import explained, service_url_of
 from watermark_core.protocol import (
     MARKER_PROPERTY,
     MalformedMarker,
@@ -60,15 +61,24 @@ class WatermarkConsumer:
         self._closed = False
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=subscribe_options.get("receiver_queue_size", 1000))
         self._dispatcher: threading.Thread | None = None
-        if listener is not None:
-            self._dispatcher = threading.Thread(target=self._dispatch, name=f"wm-listener-{subscription}", daemon=True)
-            self._dispatcher.start()
-        self._feed = WatermarkFeed(client, topic, subscription, self._on_watermark)
-        if self._feed.current is not None:
-            self._on_watermark(self._feed.current)
-        if listener is not None:
-            subscribe_options["message_listener"] = self._on_message
-        self._consumer = client.subscribe(topic, subscription, **subscribe_options)
+        # A broker that is down, a wrong URL, a missing namespace or a refused token: one clear error,
+        # and no thread or reader left running behind it.
+        with explained(service_url=service_url_of(client), topic=topic, doing="subscribe to"):
+            self._feed = WatermarkFeed(client, topic, subscription, self._on_watermark)
+            try:
+                if listener is not None:
+                    self._dispatcher = threading.Thread(
+                        target=self._dispatch, name=f"wm-listener-{subscription}", daemon=True
+                    )
+                    self._dispatcher.start()
+                    subscribe_options["message_listener"] = self._on_message
+                if self._feed.current is not None:
+                    self._on_watermark(self._feed.current)
+                self._consumer = client.subscribe(topic, subscription, **subscribe_options)
+            except BaseException:
+                self._stop_dispatcher()
+                self._feed.close()
+                raise
         self._warning = threading.Timer(no_watermark_warning_s, self._warn_if_no_watermark)
         self._warning.daemon = True
         self._warning.start()
@@ -198,6 +208,9 @@ class WatermarkConsumer:
         self._warning.cancel()
         self._consumer.close()
         self._feed.close()
+        self._stop_dispatcher()
+
+    def _stop_dispatcher(self) -> None:
         if self._dispatcher is not None:
             self._queue.put(_STOP)
             self._dispatcher.join(timeout=5)

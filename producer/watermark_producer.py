@@ -18,6 +18,7 @@ from typing import Any
 import pulsar
 
 from producer.routing import TARGET_PARTITION_PROPERTY, MarkerAwareRouter
+from watermark_core.errors import explained, service_url_of
 from watermark_core.protocol import (
     MARKER_PROPERTY,
     MarkerKind,
@@ -144,21 +145,23 @@ class WatermarkProducer:
         keepalive_interval_ms: int | None = 20_000,
         **producer_options: Any,
     ) -> None:
+        self._ingestion_interval_s = _positive_ms(ingestion_time_interval_ms, "ingestion_time_interval_ms")
+        self._keepalive_s = _positive_ms(keepalive_interval_ms, "keepalive_interval_ms")
         self._client = client
         self.topic = topic
-        partitions = client.get_topic_partitions(topic)
-        self._partitions = len(partitions)
-        self._is_partitioned = partitions != [_full(topic)]
-        if self._is_partitioned:
-            producer_options["message_router"] = MarkerAwareRouter(producer_options.get("message_router"))
-        self._producer = client.create_producer(topic, producer_name=producer_name, **producer_options)
+        # A broker that is down, a wrong URL, a missing namespace or a refused token: one clear error.
+        with explained(service_url=service_url_of(client), topic=topic, doing="create a producer on"):
+            partitions = client.get_topic_partitions(topic)
+            self._partitions = len(partitions)
+            self._is_partitioned = partitions != [_full(topic)]
+            if self._is_partitioned:
+                producer_options["message_router"] = MarkerAwareRouter(producer_options.get("message_router"))
+            self._producer = client.create_producer(topic, producer_name=producer_name, **producer_options)
         self._lock = threading.Lock()
         self._last_event_time: int | None = None
         self._idle = False
         self._last_marker_at = time.monotonic()
         self._closed = False
-        self._ingestion_interval_s = _positive_ms(ingestion_time_interval_ms, "ingestion_time_interval_ms")
-        self._keepalive_s = _positive_ms(keepalive_interval_ms, "keepalive_interval_ms")
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         if self._ingestion_interval_s or self._keepalive_s:
@@ -315,4 +318,7 @@ def _positive_ms(value: int | None, name: str) -> float | None:
 
 
 def _full(topic: str) -> str:
-    return topic if "://" in topic else f"persistent://public/default/{topic}"
+    """Pulsar's full name: "x" is persistent://public/default/x, "t/n/x" is persistent://t/n/x."""
+    if "://" in topic:
+        return topic
+    return f"persistent://{topic}" if topic.count("/") == 2 else f"persistent://public/default/{topic}"

@@ -29,6 +29,7 @@ class Written(WriterCommitMessage):
 class SinkOptions:
     def __init__(self, options: Any) -> None:
         from broker_ext.settings import PulsarSettings
+        from watermark_core.errors import checked_admin_url, checked_service_url
 
         topic = options.get("topic")
         if not topic:
@@ -37,6 +38,8 @@ class SinkOptions:
         env = PulsarSettings.from_env()
         self.service_url = str(options.get("serviceUrl") or env.service_url)
         self.admin_url = str(options.get("adminUrl") or env.admin_url)
+        checked_service_url(self.service_url, "option 'serviceUrl' (or PULSAR_SERVICE_URL)")
+        checked_admin_url(self.admin_url, "option 'adminUrl' (or PULSAR_ADMIN_URL)")
         self.auth_token = options.get("authToken") or env.auth_token
         self.checkpoint = options.get("checkpointLocation")
         self.producer_name = str(options.get("producerName") or _stable_name(self.checkpoint, self.topic))
@@ -79,8 +82,15 @@ class PulsarStreamWriter(DataSourceStreamWriter):
 
     def write(self, iterator: Iterator[Any]) -> Written:
         """Executor: send this task's rows and wait until Pulsar has them."""
+        from watermark_core.errors import explained
+
         client = self.options.settings().client()
-        producer = client.create_producer(self.options.topic, batching_enabled=True, block_if_queue_full=True)
+        try:
+            with explained(service_url=self.options.service_url, topic=self.options.topic, doing="write to"):
+                producer = client.create_producer(self.options.topic, batching_enabled=True, block_if_queue_full=True)
+        except BaseException:
+            client.close()
+            raise
         rows = 0
         try:
             for row in iterator:

@@ -28,10 +28,34 @@ SCHEMA = (
 NO_WATERMARK = -1
 
 
+SOURCE_OPTIONS = (
+    "topic", "subscription", "serviceUrl", "adminUrl", "authToken", "startingPosition", "maxMessagesPerTrigger",
+    "watermarksOnly", "path",
+)  # fmt: skip
+
+
+def check_option_names(options: Any, known: Sequence[str]) -> None:
+    """An option name we do not know is a typo until proven otherwise: say which one was meant."""
+    import difflib
+
+    by_lower = {name.lower(): name for name in known}
+    for name in options:
+        if str(name).lower() not in by_lower:
+            close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=1, cutoff=0.6)
+            hint = f"did you mean '{by_lower[close[0]]}'? " if close else ""
+            raise ValueError(
+                f"unknown option '{name}' for format pulsar-watermark; {hint}known options: {', '.join(known[:-1])}"
+            )
+
+
 class SourceOptions:
     """The options a Spark user passes, checked once with errors that name the fix."""
 
     def __init__(self, options: Any) -> None:
+        from watermark_core.errors import checked_admin_url, checked_service_url
+
+        check_option_names(options, SOURCE_OPTIONS)
+
         def get(name: str, default: str | None = None) -> str | None:
             value = options.get(name)  # Spark's options are case-insensitive (stored lower-case)
             return default if value is None else str(value)
@@ -48,6 +72,9 @@ class SourceOptions:
         env = PulsarSettings.from_env()
         self.service_url = get("serviceUrl", env.service_url) or env.service_url
         self.admin_url = (get("adminUrl", env.admin_url) or env.admin_url).rstrip("/")
+        where = "option 'serviceUrl' (or PULSAR_SERVICE_URL)"
+        checked_service_url(self.service_url, where)
+        checked_admin_url(self.admin_url, "option 'adminUrl' (or PULSAR_ADMIN_URL)")
         self.auth_token = get("authToken", env.auth_token)
         self.starting_position = (get("startingPosition", "earliest") or "earliest").lower()
         if self.starting_position not in ("earliest", "latest"):
@@ -183,6 +210,7 @@ def _read_range(options: SourceOptions, part: TopicRange) -> Iterator[tuple[Any,
     import pulsar
 
     from broker_ext.admin import TopicName
+    from watermark_core.errors import explained
     from watermark_core.protocol import MARKER_PROPERTY
 
     topic = TopicName.parse(options.topic).full
@@ -191,7 +219,12 @@ def _read_range(options: SourceOptions, part: TopicRange) -> Iterator[tuple[Any,
     start_id = (
         pulsar.MessageId.earliest if part.start is None else pulsar.MessageId(-1, part.start[0], part.start[1], -1)
     )
-    reader = client.create_reader(name, start_id, start_message_id_inclusive=False)
+    try:
+        with explained(service_url=options.service_url, topic=name, doing="read"):
+            reader = client.create_reader(name, start_id, start_message_id_inclusive=False)
+    except BaseException:
+        client.close()
+        raise
     end = (part.end[0], part.end[1]) if part.end is not None else (-1, -1)
     last_entry: tuple[int, int] | None = None
     try:
@@ -257,15 +290,19 @@ class _DriverState:
         """A consumer per partition that only acknowledges (and so creates the subscription)."""
         import pulsar
 
+        from watermark_core.errors import explained
+
         if partition not in self._consumers:
             initial = (
                 pulsar.InitialPosition.Earliest if self.options.starting_position == "earliest"
                 else pulsar.InitialPosition.Latest
             )  # fmt: skip
-            self._consumers[partition] = self.client.subscribe(
-                _partition_topic(self.topic, partition), self.options.subscription,
-                consumer_type=pulsar.ConsumerType.Failover, receiver_queue_size=1, initial_position=initial,
-            )  # fmt: skip
+            name = _partition_topic(self.topic, partition)
+            with explained(service_url=self.options.service_url, topic=name, doing="subscribe to"):
+                self._consumers[partition] = self.client.subscribe(
+                    name, self.options.subscription,
+                    consumer_type=pulsar.ConsumerType.Failover, receiver_queue_size=1, initial_position=initial,
+                )  # fmt: skip
         return self._consumers[partition]
 
     def starting_positions(self) -> dict[str, list[int] | None]:
@@ -288,12 +325,15 @@ class _DriverState:
         """The subscription's broker watermark (minimum over partitions), from the generator."""
         if self._feed is None:
             from consumer.watermark_feed import WatermarkFeed
+            from watermark_core.errors import explained
 
             for partition in self.partition_indexes:
                 self._subscription_consumer(partition)
-            self._feed = WatermarkFeed(
-                self.client, self.topic, self.options.subscription, lambda _w: None, partitions=self.partition_indexes
-            )
+            with explained(service_url=self.options.service_url, topic=self.topic, doing="read the watermarks of"):
+                self._feed = WatermarkFeed(
+                    self.client, self.topic, self.options.subscription, lambda _w: None,
+                    partitions=self.partition_indexes,
+                )  # fmt: skip
         current = self._feed.current
         return NO_WATERMARK if current is None else int(current.event_time)
 
