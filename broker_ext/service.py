@@ -9,7 +9,7 @@ import time
 
 import pulsar
 
-from broker_ext.admin import AdminError, PulsarAdmin, TopicName
+from broker_ext.admin import AdminError, PulsarAdmin, TopicName, TopicNotFound
 from broker_ext.config import GeneratorConfig
 from broker_ext.dispatch import WatermarkDispatcher
 from broker_ext.metrics import GeneratorMetrics
@@ -43,6 +43,7 @@ class GeneratorService:
         self.workers: dict[str, PartitionWorker] = {}
         self._stop = threading.Event()
         self._metrics_started = False
+        self._missing_topics: set[str] = set()
         self._failing_since: float | None = None
         self._last_failure_log = 0.0
 
@@ -53,7 +54,16 @@ class GeneratorService:
             found.update(self.admin.list_topics(namespace))
         for topic in self.config.topics:
             name = TopicName.parse(topic).full
-            partitions = self.admin.partitions(name)
+            try:
+                partitions = self.admin.partitions(name)
+            except TopicNotFound:
+                # not created yet: followed once it is; the other topics are not held up
+                if name not in self._missing_topics:
+                    self._missing_topics.add(name)
+                    log.warning("topic %s (from --topic / WM_TOPICS) does not exist at %s; it is followed once "
+                                "created (check the name if it never is)", name, self.settings.admin_url)  # fmt: skip
+                continue
+            self._missing_topics.discard(name)
             found.update(f"{name}-partition-{i}" for i in range(partitions)) if partitions else found.add(name)
         return {t for t in found if is_followable(t)}
 

@@ -260,3 +260,22 @@ def test_a_spark_query_with_a_wrong_service_url_names_the_fix(
     wrong = f"pulsar://127.0.0.1:{free_port()}"
     message = query_error(spark, tmp_path, topic=topic, subscription="s", serviceUrl=wrong)
     assert f"no Pulsar broker answered at {wrong}" in message and "PULSAR_SERVICE_URL" in message
+
+
+def test_serve_with_a_topic_that_does_not_exist_follows_the_others_and_says_so(
+    pulsar_settings: PulsarSettings, admin: PulsarAdmin, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from broker_ext.config import GeneratorConfig
+    from broker_ext.service import GeneratorService
+
+    admin.create_topic(topic)
+    missing = f"persistent://public/default/not-yet-{uuid.uuid4().hex[:6]}"
+    service = GeneratorService(GeneratorConfig(namespaces=(), topics=(missing, topic), metrics_port=0), pulsar_settings)
+    try:
+        with caplog.at_level("WARNING", logger="broker_ext.service"):
+            assert service.partition_topics() == {topic}
+            assert service.partition_topics() == {topic}
+    finally:
+        service.close()
+    warnings = [r.getMessage() for r in caplog.records if missing in r.getMessage()]
+    assert len(warnings) == 1 and "followed once created" in warnings[0]
