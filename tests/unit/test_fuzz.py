@@ -87,8 +87,12 @@ EXTENSIONS = st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=
 )
 VALUES = st.recursive(
     SCALARS | EXTENSIONS,
-    lambda children: st.lists(children, max_size=3)
-    | st.dictionaries(st.sampled_from(["v", "event_time", "txn", "state", "previous", "events"]), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["v", "event_time", "txn", "state", "previous", "events"]), children, max_size=4
+        )
+    ),
     max_leaves=10,
 )
 
