@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import random
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +14,6 @@ import pulsar
 import pytest
 
 from broker_ext.admin import PulsarAdmin
-from broker_ext.settings import PulsarSettings
 from consumer import WatermarkConsumer
 from producer import WatermarkProducer
 from tests.integration.helpers import Recorder, wait_until, watermarks
@@ -30,23 +26,6 @@ import spark_sink  # noqa: E402
 
 BASE = 1_700_000_000_000
 WINDOW_MS = 10_000
-
-
-@pytest.fixture(scope="session")
-def spark(pulsar_settings: PulsarSettings) -> Iterator[SparkSession]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # executors run this venv's Python
-    os.environ["PULSAR_SERVICE_URL"] = pulsar_settings.service_url
-    os.environ["PULSAR_ADMIN_URL"] = pulsar_settings.admin_url
-    session = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 class Windows:
