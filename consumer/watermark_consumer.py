@@ -61,6 +61,8 @@ class WatermarkConsumer:
         self._closed = False
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=subscribe_options.get("receiver_queue_size", 1000))
         self._dispatcher: threading.Thread | None = None
+        self._subscribed = threading.Event()
+        """Set once `subscribe` returned: the client may call the listener before it does."""
         # A broker that is down, a wrong URL, a missing namespace or a refused token: one clear error,
         # and no thread or reader left running behind it.
         with explained(service_url=service_url_of(client), topic=topic, doing="subscribe to"):
@@ -76,9 +78,11 @@ class WatermarkConsumer:
                     self._on_watermark(self._feed.current)
                 self._consumer = client.subscribe(topic, subscription, **subscribe_options)
             except BaseException:
+                self._subscribed.set()
                 self._stop_dispatcher()
                 self._feed.close()
                 raise
+        self._subscribed.set()
         self._warning = threading.Timer(no_watermark_warning_s, self._warn_if_no_watermark)
         self._warning.daemon = True
         self._warning.start()
@@ -158,7 +162,14 @@ class WatermarkConsumer:
         return message
 
     def _on_message(self, _consumer: pulsar.Consumer, message: pulsar.Message) -> None:
-        """Runs on the client's listener thread: hide markers, queue data for the dispatcher."""
+        """Runs on the client's listener thread: hide markers, queue data for the dispatcher.
+
+        Waits for `subscribe` to return first: the first messages can arrive before it does, and
+        acknowledging them (a marker here, data in the listener) needs the consumer it returns.
+        """
+        self._subscribed.wait()
+        if self._closed or "_consumer" not in self.__dict__:
+            return
         try:
             properties = message.properties()
             if MARKER_PROPERTY in properties:

@@ -62,7 +62,9 @@ class WatermarkFeed:
             watermark_topic_for(topic), pulsar.MessageId.earliest, is_read_compacted=True
         )
         self._stop = threading.Event()
+        self._caught_up = False
         self._catch_up()
+        self._caught_up = True
         self._thread = threading.Thread(target=self._run, name=f"wm-feed-{subscription}", daemon=True)
         self._thread.start()
 
@@ -71,7 +73,12 @@ class WatermarkFeed:
         return self._current  # one attribute read: atomic, no lock on the message path
 
     def _catch_up(self) -> None:
-        """Read what is already there, so the latest watermark is known when the consumer attaches."""
+        """Read what is already there, so the latest watermark is known when the consumer attaches.
+
+        Silent: the history before the latest event (older watermarks, or higher ones from before a
+        seek) is not the subscription's watermark now and is never handed on; the caller takes
+        `current` once this returns.
+        """
         deadline = time.monotonic() + CATCH_UP_LIMIT_S
         while time.monotonic() < deadline and self._reader.has_message_available():
             try:
@@ -126,7 +133,8 @@ class WatermarkFeed:
             if combined == self._current:
                 return
             self._current = combined
-        self._on_change(combined)
+        if self._caught_up:
+            self._on_change(combined)
 
     def close(self) -> None:
         self._stop.set()

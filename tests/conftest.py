@@ -11,7 +11,7 @@ import pytest
 
 from broker_ext.admin import PulsarAdmin
 from broker_ext.settings import PulsarSettings
-from tests.harness import real_pulsar
+from tests.harness import RunningPulsar, real_pulsar
 from tests.integration.generator_process import GeneratorProcess
 
 _HERE = Path(__file__).parent
@@ -25,9 +25,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def pulsar_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PulsarSettings]:
-    with real_pulsar(tmp_path_factory.mktemp("pulsar-cluster")) as settings:
-        yield settings
+def pulsar_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPulsar]:
+    with real_pulsar(tmp_path_factory.mktemp("pulsar-cluster")) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def pulsar_settings(pulsar_broker: RunningPulsar) -> PulsarSettings:
+    return pulsar_broker.settings
 
 
 @pytest.fixture(scope="session")

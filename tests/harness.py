@@ -12,11 +12,20 @@ import contextlib
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from broker_ext.local_cluster import PULSAR_VERSION, LocalCluster, free_port, wait_for_admin
 from broker_ext.settings import PulsarSettings
+
+
+@dataclass(frozen=True)
+class RunningPulsar:
+    """The session's broker; `restart` stops and starts it (only for the local standalone we started)."""
+
+    settings: PulsarSettings
+    restart: Callable[[], None] | None = None
 
 
 def docker_engine_available() -> bool:
@@ -48,7 +57,7 @@ def _docker_pulsar() -> Iterator[PulsarSettings]:
 
 
 @contextlib.contextmanager
-def _local_pulsar(state_dir: Path) -> Iterator[PulsarSettings]:
+def _local_pulsar(state_dir: Path) -> Iterator[RunningPulsar]:
     cluster = LocalCluster(
         state_dir=state_dir,
         broker_port=free_port(),
@@ -57,20 +66,25 @@ def _local_pulsar(state_dir: Path) -> Iterator[PulsarSettings]:
         with_generator=False,
     )
     cluster.up()
+
+    def restart() -> None:
+        cluster.down()
+        cluster.up()
+
     try:
-        yield PulsarSettings(cluster.service_url, cluster.admin_url)
+        yield RunningPulsar(PulsarSettings(cluster.service_url, cluster.admin_url), restart)
     finally:
         cluster.down()
 
 
 @contextlib.contextmanager
-def real_pulsar(state_dir: Path) -> Iterator[PulsarSettings]:
+def real_pulsar(state_dir: Path) -> Iterator[RunningPulsar]:
     """A running broker for the whole test session."""
     if os.environ.get("PULSAR_SERVICE_URL"):
-        yield PulsarSettings.from_env()
+        yield RunningPulsar(PulsarSettings.from_env())
     elif docker_engine_available():
         with _docker_pulsar() as settings:
-            yield settings
+            yield RunningPulsar(settings)
     else:
-        with _local_pulsar(state_dir) as settings:
-            yield settings
+        with _local_pulsar(state_dir) as running:
+            yield running

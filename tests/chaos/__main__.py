@@ -1,0 +1,154 @@
+"""`make chaos`: many randomized fault scenarios on a real local cluster; prints what it injected and found.
+
+    python -m tests.chaos [--scenarios 200] [--seed N] [--only SEED] [--record]
+
+Uses the cluster named by PULSAR_SERVICE_URL (then without broker restarts), else starts its own
+standalone broker on free ports. Exit code 1 if any violation was found; each one names the seed
+that reproduces its scenario (`--only SEED`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import json
+import logging
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+from broker_ext.admin import PulsarAdmin
+from tests.chaos.checker import Violation
+from tests.chaos.plan import plan_scenario
+from tests.chaos.scenario import Cluster, ScenarioResult, run_scenario
+from tests.harness import real_pulsar
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "docs" / "chaos.json"
+
+
+def say(message: str) -> None:
+    print(f"[chaos] {message}", flush=True)
+
+
+@contextlib.contextmanager
+def chaos_cluster(work: Path) -> Iterator[Cluster]:
+    with real_pulsar(work / "pulsar") as running:
+        client = running.settings.client(operation_timeout_seconds=30)
+        admin = PulsarAdmin(running.settings)
+        try:
+            yield Cluster(running.settings, client, admin, work, running.restart)
+        finally:
+            client.close()
+            admin.close()
+
+
+def run_many(
+    cluster: Cluster, seeds: list[int], *, parallel: int = 1, deadline_s: float | None = None, verbose: bool = False
+) -> list[ScenarioResult]:
+    """Run the scenarios of `seeds` (`parallel` at a time) in one namespace, printing a line for each.
+
+    Scenarios that run side by side each have their own topic and generator; a broker restart in one
+    is an extra, uncounted fault for the others.
+    """
+    namespace = f"public/chaos-{uuid.uuid4().hex[:8]}"
+    cluster.admin.create_namespace(namespace)
+    results: list[ScenarioResult] = []
+    started = time.monotonic()
+    lock = threading.Lock()
+
+    def one(seed: int) -> ScenarioResult | None:
+        if deadline_s is not None and time.monotonic() - started > deadline_s:
+            return None
+        plan = plan_scenario(seed, broker_restarts=cluster.restart_broker is not None)
+        try:
+            result = run_scenario(cluster, plan, namespace)
+        except Exception as exc:  # the suite itself failing is a finding too; go on with the others
+            logging.getLogger("chaos").exception("scenario %d failed", seed)
+            result = ScenarioResult(seed, Counter(), [Violation("scenario-error", "-", repr(exc))], 0, 0.0, 0.0)
+        with lock:
+            results.append(result)
+            kinds = ", ".join(f"{n} {k}" for k, n in sorted(result.faults.items()))
+            say(
+                f"{len(results)}/{len(seeds)} seed {seed}: {sum(result.faults.values())} faults ({kinds}), "
+                f"{result.messages} messages, final watermark after {result.recovery_s:.1f} s, "
+                f"{len(result.violations)} violations ({result.duration_s:.1f} s)"
+            )
+            for violation in result.violations:
+                say(f"  VIOLATION {violation}  (reproduce: python -m tests.chaos --only {seed})")
+            for note in result.notes if verbose or result.violations else []:
+                say(f"  note: {note}")
+        return result
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="scenario") as pool:
+        for future in [pool.submit(one, seed) for seed in seeds]:
+            future.result()
+    if len(results) < len(seeds):
+        say(f"time budget of {deadline_s:.0f} s spent; ran {len(results)} of {len(seeds)} scenarios")
+    return sorted(results, key=lambda r: r.seed)
+
+
+def summary(results: list[ScenarioResult], elapsed_s: float) -> dict[str, object]:
+    faults: Counter[str] = Counter()
+    for result in results:
+        faults.update(result.faults)
+    recoveries = [r.recovery_s for r in results]
+    return {
+        "scenarios": len(results),
+        "faults_injected": sum(faults.values()),
+        "faults_by_kind": dict(sorted(faults.items())),
+        "violations": sum(len(r.violations) for r in results),
+        "messages": sum(r.messages for r in results),
+        "final_watermark_after_faults_p50_s": round(statistics.median(recoveries), 2) if recoveries else None,
+        "final_watermark_after_faults_max_s": round(max(recoveries), 2) if recoveries else None,
+        "elapsed_s": round(elapsed_s, 1),
+        "seeds": [r.seed for r in results],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.splitlines()[0])
+    parser.add_argument("--scenarios", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=None, help="first seed (default: random, printed)")
+    parser.add_argument("--only", type=int, default=None, help="run just the scenario of this seed")
+    parser.add_argument("--parallel", type=int, default=2, help="scenarios running side by side (default 2)")
+    parser.add_argument("--verbose", action="store_true", help="print each scenario's notes (phase timings)")
+    parser.add_argument("--budget-s", type=float, default=None, help="stop starting scenarios after this long")
+    parser.add_argument("--record", action="store_true", help=f"write the summary to {RESULTS.relative_to(REPO)}")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.only is not None:
+        seeds = [args.only]
+    else:
+        first = args.seed if args.seed is not None else random.randrange(1_000_000)
+        seeds = list(range(first, first + args.scenarios))
+    say(f"{len(seeds)} scenarios from seed {seeds[0]}")
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="chaos-") as work, chaos_cluster(Path(work)) as cluster:
+        if cluster.restart_broker is None:
+            say("broker restarts off: the cluster is not one this run started")
+        results = run_many(cluster, seeds, parallel=args.parallel, deadline_s=args.budget_s, verbose=args.verbose)
+    totals = summary(results, time.monotonic() - started)
+    say(
+        f"scenarios run: {totals['scenarios']}, faults injected: {totals['faults_injected']} "
+        f"{totals['faults_by_kind']}, violations found: {totals['violations']}, "
+        f"messages: {totals['messages']}, final watermark after the faults: p50 "
+        f"{totals['final_watermark_after_faults_p50_s']} s, max {totals['final_watermark_after_faults_max_s']} s, "
+        f"in {totals['elapsed_s']:.0f} s"
+    )
+    if args.record:
+        RESULTS.write_text(json.dumps(totals, indent=2) + "\n")
+        say(f"wrote {RESULTS.relative_to(REPO)}")
+    return 1 if totals["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

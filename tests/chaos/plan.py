@@ -1,0 +1,106 @@
+"""A scenario drawn from its seed (pure): who produces what, who consumes how, which faults when.
+
+The same seed gives the same plan; the run itself also depends on timing (thread scheduling,
+how long a restart takes), so a seed reproduces the scenario, not every interleaving.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class FaultKind(StrEnum):
+    KILL_GENERATOR = "kill -9 generator"
+    CRASH_CONSUMER = "crash consumer"
+    SEEK_BACK = "seek subscription back"
+    RESTART_BROKER = "restart broker"
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    at_s: float
+    """Seconds after the producers start; faults run one after another, never overlapping."""
+    kind: FaultKind
+    target: int
+    """Which subscription (seek) or consumer slot (crash); unused otherwise."""
+    down_s: float
+    """How long the killed or crashed part stays away before it comes back."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerPlan:
+    name: str
+    messages: int
+    disorder_ms: int
+    """Event times lag the scenario clock by up to this much, in any order."""
+    watermark_every: int
+    idle_after: int | None
+    """Send W_IDLE after this many messages, pause, then come back with a W_SET."""
+    transactional: bool
+    """Every other watermark goes through a watermark transaction, committed or aborted at random."""
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionPlan:
+    name: str
+    shared: bool
+    """Shared, else Failover."""
+    consumers: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioPlan:
+    seed: int
+    producers: tuple[ProducerPlan, ...]
+    subscriptions: tuple[SubscriptionPlan, ...]
+    faults: tuple[Fault, ...]
+    send_interval_s: float
+    max_processing_delay_s: float
+
+    def consumer_slots(self) -> list[tuple[int, int]]:
+        """(subscription index, consumer index) of every consumer the scenario runs."""
+        return [(s, c) for s, sub in enumerate(self.subscriptions) for c in range(sub.consumers)]
+
+
+def plan_scenario(seed: int, *, broker_restarts: bool = True, min_faults: int = 5, max_faults: int = 7) -> ScenarioPlan:
+    rng = random.Random(seed)
+    producers = tuple(
+        ProducerPlan(
+            name=f"p{i}",
+            messages=rng.randint(40, 120),
+            disorder_ms=rng.choice([0, 200, 1_000, 3_000]),
+            watermark_every=rng.randint(3, 15),
+            idle_after=rng.randint(10, 30) if rng.random() < 0.4 else None,
+            transactional=rng.random() < 0.3,
+        )
+        for i in range(rng.randint(2, 4))
+    )
+    subscriptions = (
+        SubscriptionPlan("failover", shared=False, consumers=rng.randint(1, 2)),
+        SubscriptionPlan("shared", shared=True, consumers=rng.randint(2, 3)),
+    )
+    slots = sum(sub.consumers for sub in subscriptions)
+    kinds = [FaultKind.KILL_GENERATOR] * 3 + [FaultKind.CRASH_CONSUMER] * 4 + [FaultKind.SEEK_BACK]
+    chosen = [rng.choice(kinds) for _ in range(rng.randint(min_faults, max_faults))]
+    if broker_restarts and rng.random() < 0.04:
+        chosen[rng.randrange(len(chosen))] = FaultKind.RESTART_BROKER
+    times = sorted(rng.uniform(0.2, 3.0) for _ in chosen)
+    faults = tuple(
+        Fault(
+            at_s=round(at, 2),
+            kind=kind,
+            target=rng.randrange(len(subscriptions)) if kind is FaultKind.SEEK_BACK else rng.randrange(slots),
+            down_s=round(rng.uniform(0.0, 0.8), 2),
+        )
+        for at, kind in zip(times, chosen, strict=True)
+    )
+    return ScenarioPlan(
+        seed=seed,
+        producers=producers,
+        subscriptions=subscriptions,
+        faults=faults,
+        send_interval_s=rng.choice([0.005, 0.01, 0.02]),
+        max_processing_delay_s=rng.choice([0.0, 0.002, 0.01]),
+    )

@@ -1,0 +1,427 @@
+"""Runs one planned scenario on a real cluster and checks what the listeners saw.
+
+Producers are honest: each asserts `W_SET(clock - disorder)` and then only sends event times in
+`[clock - disorder, clock]` of a shared, rising clock, so no message of theirs may ever be handed
+over after a watermark above its event time. Faults run one after another while they produce.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import pulsar
+
+from broker_ext.admin import PulsarAdmin
+from broker_ext.settings import PulsarSettings
+from consumer import Watermark, WatermarkConsumer, WatermarkListener
+from producer import WatermarkProducer
+from tests.chaos.checker import (
+    Delivery,
+    InstanceLog,
+    Violation,
+    WatermarkSeen,
+    check_final,
+    check_subscription,
+)
+from tests.chaos.plan import Fault, FaultKind, ProducerPlan, ScenarioPlan
+from tests.integration.generator_process import GeneratorProcess
+from watermark_core.protocol import decode_table, watermark_topic_for
+
+log = logging.getLogger(__name__)
+
+FINAL_BOUND_S = 60.0
+"""How long after the faults stop every live consumer may take to see the final watermark."""
+SEEK_RECOMPUTE_BOUND_S = 30.0
+
+
+@dataclass
+class Cluster:
+    """The real cluster a scenario runs on; `restart_broker` is None where we cannot restart it."""
+
+    settings: PulsarSettings
+    client: pulsar.Client
+    admin: PulsarAdmin
+    log_dir: Path
+    restart_broker: Callable[[], None] | None = None
+    broker_lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class ScenarioResult:
+    seed: int
+    faults: Counter[str]
+    violations: list[Violation]
+    messages: int
+    recovery_s: float
+    """The longest time any consumer took to see the final watermark after the faults stopped."""
+    duration_s: float
+    notes: list[str] = field(default_factory=list)
+
+
+T = TypeVar("T")
+
+
+def retried(action: Callable[[], T], what: str, within_s: float = 120.0) -> T:
+    """What an operator's code does while the broker restarts (maybe for another scenario): try again."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return action()
+        except Exception as exc:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} kept failing for {within_s:.0f} s: {exc!r}") from exc
+            time.sleep(0.5)
+
+
+class ChaosListener(WatermarkListener):
+    """Records deliveries and acknowledges after a random processing delay; a dead one ignores everything."""
+
+    def __init__(self, log: InstanceLog, rng: random.Random, max_delay_s: float, ids: dict[str, pulsar.MessageId]):
+        self.log = log
+        self.rng = rng
+        self.max_delay_s = max_delay_s
+        self.ids = ids
+        self.dead = False
+
+    def received(self, consumer: WatermarkConsumer, message: pulsar.Message) -> None:
+        if self.dead:
+            return
+        if self.max_delay_s:
+            time.sleep(self.rng.uniform(0, self.max_delay_s))
+        payload = message.data().decode()
+        self.log.events.append(Delivery(payload, message.producer_name(), message.event_timestamp(), time.monotonic()))
+        if self.dead:  # crashed while "processing": no acknowledgement
+            return
+        try:
+            consumer.acknowledge(message)
+        except pulsar.PulsarException:
+            return
+        self.log.acknowledged.add(payload)
+        self.ids[payload] = message.message_id()
+
+    def received_watermark(self, consumer: WatermarkConsumer, watermark: Watermark) -> None:
+        if not self.dead:
+            self.log.events.append(WatermarkSeen(watermark.event_time, time.monotonic()))
+
+
+class Scenario:
+    """One scenario: its topic, generator, producers, consumer instances and fault thread."""
+
+    def __init__(self, cluster: Cluster, plan: ScenarioPlan, namespace: str) -> None:
+        self.cluster = cluster
+        self.plan = plan
+        self.rng = random.Random(plan.seed * 7919 + 1)
+        self.topic = f"persistent://{namespace}/chaos-{plan.seed}-{uuid.uuid4().hex[:6]}"
+        self.generator = GeneratorProcess(
+            cluster.settings, cluster.log_dir / f"generator-{plan.seed}.log", f"chaos-{plan.seed}",
+            WM_TOPICS=self.topic, WM_NAMESPACES="",
+        )  # fmt: skip
+        self.logs: list[InstanceLog] = []
+        self.live: dict[tuple[int, int], tuple[WatermarkConsumer, ChaosListener]] = {}
+        self.ids: list[dict[str, pulsar.MessageId]] = [{} for _ in plan.subscriptions]
+        self.epochs = [0 for _ in plan.subscriptions]
+        self.sent: list[str] = []
+        self.sent_lock = threading.Lock()
+        self.assert_lock = threading.Lock()
+        self.highest_assertion = 0
+        self.faults: Counter[str] = Counter()
+        self.violations: list[Violation] = []
+        self.notes: list[str] = []
+        self.t0 = time.monotonic()
+        self.clock_base = int(time.time() * 1000)
+        self.instance_count = 0
+        self.phases: dict[str, float] = {}
+
+    def now_ms(self) -> int:
+        """The scenario's event-time clock: rises with monotonic time, never goes back."""
+        return self.clock_base + int((time.monotonic() - self.t0) * 1000)
+
+    # -- consumers --------------------------------------------------------------------------------
+
+    def open_instance(self, slot: tuple[int, int]) -> None:
+        sub = self.plan.subscriptions[slot[0]]
+        self.instance_count += 1
+        name = f"{sub.name}-c{slot[1]}-{self.instance_count}"
+        instance_log = InstanceLog(sub.name, name, time.monotonic(), self.epochs[slot[0]])
+        listener = ChaosListener(
+            instance_log, random.Random(self.rng.random()), self.plan.max_processing_delay_s, self.ids[slot[0]]
+        )
+        queue_size = self.rng.choice([5, 50, 500])
+        consumer = retried(
+            lambda: WatermarkConsumer(
+                self.cluster.client, self.topic, sub.name, listener=listener,
+                consumer_type=pulsar.ConsumerType.Shared if sub.shared else pulsar.ConsumerType.Failover,
+                initial_position=pulsar.InitialPosition.Earliest, consumer_name=name,
+                receiver_queue_size=queue_size,
+            ),
+            f"subscribing {name}",
+        )  # fmt: skip
+        self.logs.append(instance_log)
+        self.live[slot] = (consumer, listener)
+
+    def crash_instance(self, slot: tuple[int, int]) -> None:
+        consumer, listener = self.live.pop(slot)
+        listener.dead = True
+        listener.log.closed = time.monotonic()
+        with contextlib.suppress(Exception):
+            consumer.close()
+
+    # -- producers --------------------------------------------------------------------------------
+
+    def produce(self, plan: ProducerPlan, ready: threading.Barrier) -> None:
+        """One honest producer: after asserting t it never sends an event time below t.
+
+        Its assertions never go down (`floor`), and when it joins or comes back from idle it asserts
+        at least the highest assertion any producer made, so the watermark (the minimum over the
+        active producers, at most that highest assertion) is never above its later messages.
+        """
+        rng = random.Random(self.plan.seed * 31 + int(plan.name[1:]))
+        producer = retried(
+            lambda: WatermarkProducer(
+                self.cluster.client, self.topic, producer_name=plan.name,
+                send_timeout_millis=0, batching_enabled=False, keepalive_interval_ms=None,
+            ),
+            f"creating producer {plan.name}",
+        )  # fmt: skip
+        self.producers[plan.name] = producer
+        floor = self.join(producer, plan, 0)
+        ready.wait()
+        use_txn = False
+        for i in range(plan.messages):
+            payload = f"{plan.name}:{i}"
+            event_time = max(floor, self.now_ms() - rng.randint(0, plan.disorder_ms))
+            producer.send(payload.encode(), event_timestamp=event_time)
+            with self.sent_lock:
+                self.sent.append(payload)
+            if (i + 1) % plan.watermark_every == 0:
+                floor = max(floor, self.now_ms() - plan.disorder_ms)
+                use_txn = plan.transactional and not use_txn
+                with self.assert_lock:
+                    if use_txn:
+                        txn = producer.new_transaction()
+                        producer.new_watermark(txn).event_time(floor).send()
+                        txn.commit() if rng.random() < 0.7 else txn.abort()
+                    else:
+                        producer.new_watermark().event_time(floor).send()
+                    self.highest_assertion = max(self.highest_assertion, floor)
+            if plan.idle_after == i:
+                producer.new_watermark().mark_idle().send()
+                time.sleep(rng.uniform(0.1, 0.5))
+                floor = self.join(producer, plan, floor)
+            time.sleep(self.plan.send_interval_s)
+
+    def join(self, producer: WatermarkProducer, plan: ProducerPlan, floor: int) -> int:
+        """Become active: assert at least every assertion so far (in log order, hence the lock)."""
+        with self.assert_lock:
+            assertion = max(floor, self.now_ms() - plan.disorder_ms, self.highest_assertion)
+            producer.new_watermark().event_time(assertion).send()
+            self.highest_assertion = max(self.highest_assertion, assertion)
+        return assertion
+
+    # -- faults -----------------------------------------------------------------------------------
+
+    def inject(self, fault: Fault) -> None:
+        if fault.kind is FaultKind.KILL_GENERATOR:
+            self.generator.kill()
+            time.sleep(fault.down_s)
+            self.generator.start()
+        elif fault.kind is FaultKind.CRASH_CONSUMER:
+            slot = self.plan.consumer_slots()[fault.target]
+            self.crash_instance(slot)
+            time.sleep(fault.down_s)
+            self.open_instance(slot)
+        elif fault.kind is FaultKind.SEEK_BACK:
+            if not self.seek_back(fault.target, fault.down_s):
+                return
+        elif fault.kind is FaultKind.RESTART_BROKER:
+            if self.cluster.restart_broker is None:
+                return
+            with self.cluster.broker_lock:
+                self.cluster.restart_broker()
+        self.faults[fault.kind.value] += 1
+
+    def seek_back(self, index: int, down_s: float) -> bool:
+        """Close the subscription's consumers, seek it back, wait for the recomputed watermark, reopen."""
+        sub = self.plan.subscriptions[index]
+        mark_delete = retried(lambda: self.cluster.admin.mark_delete_position(self.topic, sub.name), "reading stats")
+        candidates = sorted(
+            (payload, msg_id) for payload, msg_id in list(self.ids[index].items())
+            if (msg_id.ledger_id(), msg_id.entry_id()) <= mark_delete
+        )  # fmt: skip
+        if not candidates:
+            self.notes.append(f"seek of {sub.name} skipped: nothing acknowledged yet")
+            return False
+        _, target = self.rng.choice(candidates)
+        slots = [slot for slot in self.plan.consumer_slots() if slot[0] == index]
+        for slot in slots:
+            self.crash_instance(slot)
+        seq_cut = time.time_ns() // 1000
+
+        def seek() -> None:
+            seeker = self.cluster.client.subscribe(
+                self.topic, sub.name, consumer_name="seeker",
+                consumer_type=pulsar.ConsumerType.Shared if sub.shared else pulsar.ConsumerType.Failover,
+            )  # fmt: skip
+            try:
+                seeker.seek(target)
+            finally:
+                seeker.close()
+
+        retried(seek, f"seeking {sub.name}")
+        self.epochs[index] += 1
+        if not self.wait_recomputed(sub.name, (target.ledger_id(), target.entry_id()), seq_cut):
+            self.violations.append(Violation(
+                "seek-not-recomputed", sub.name,
+                f"no watermark at or before {target} within {SEEK_RECOMPUTE_BOUND_S:.0f} s of the seek",
+            ))  # fmt: skip
+        time.sleep(down_s)
+        for slot in slots:
+            self.open_instance(slot)
+        return True
+
+    def wait_recomputed(self, subscription: str, at_or_before: tuple[int, int], seq_cut: int) -> bool:
+        """Wait for the generator to publish the subscription's watermark at its new, earlier position."""
+        reader = retried(
+            lambda: self.cluster.client.create_reader(watermark_topic_for(self.topic), pulsar.MessageId.earliest),
+            "reading the watermark table",
+        )
+        deadline = time.monotonic() + SEEK_RECOMPUTE_BOUND_S
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    message = reader.read_next(timeout_millis=200)
+                except pulsar.Timeout:
+                    continue
+                for event in decode_table(message.data()):
+                    recomputed = event.seq > seq_cut and tuple(event.position) <= at_or_before
+                    if event.subscription == subscription and recomputed:
+                        return True
+            return False
+        finally:
+            reader.close()
+
+    def run_faults(self) -> None:
+        for fault in self.plan.faults:
+            delay = self.t_start + fault.at_s - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            try:
+                self.inject(fault)
+            except Exception as exc:  # a fault that could not be injected is a finding, not a crash of the suite
+                self.violations.append(Violation("fault-failed", "-", f"{fault.kind.value}: {exc!r}"))
+                log.exception("injecting %s failed", fault)
+
+    # -- the whole run ----------------------------------------------------------------------------
+
+    def run(self) -> ScenarioResult:
+        started = time.monotonic()
+        self.producers: dict[str, WatermarkProducer] = {}
+        with self.cluster.broker_lock:  # not while another scenario restarts the broker
+            pass
+        retried(lambda: self.cluster.admin.create_topic(self.topic), "creating the topic")
+        self.generator.start()
+        try:
+            for slot in self.plan.consumer_slots():
+                self.open_instance(slot)
+            ready = threading.Barrier(len(self.plan.producers) + 1)
+            threads = [
+                threading.Thread(target=self.produce, args=(p, ready), name=f"chaos-{p.name}", daemon=True)
+                for p in self.plan.producers
+            ]
+            for thread in threads:
+                thread.start()
+            ready.wait(timeout=60)
+            self.t_start = time.monotonic()
+            self.phases["setup"] = self.t_start - started
+            self.run_faults()
+            for thread in threads:
+                thread.join(timeout=120)
+            if not self.generator.running:
+                self.generator.start()
+            finishing = time.monotonic()
+            self.phases["run"] = finishing - self.t_start
+            recovery = self.finish()
+            self.phases["finish"] = time.monotonic() - finishing
+        finally:
+            closing = time.monotonic()
+            for slot in list(self.live):
+                self.crash_instance(slot)
+            for producer in self.producers.values():
+                with contextlib.suppress(Exception):
+                    producer.close(idle=False)
+            self.generator.kill()
+            with contextlib.suppress(Exception):
+                self.cluster.admin.delete_topic(self.topic)
+            self.phases["teardown"] = time.monotonic() - closing
+        self.notes.append("phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items()))
+        return ScenarioResult(
+            self.plan.seed, self.faults, self.violations, len(self.sent), recovery,
+            time.monotonic() - started, self.notes,
+        )  # fmt: skip
+
+    def finish(self) -> float:
+        """Faults are over: a final watermark above everything; check that all of it arrives."""
+        final = self.now_ms() + 3_600_000
+        quiet = time.monotonic()
+        for producer in self.producers.values():
+            producer.new_watermark().event_time(final).send()
+        deadline = quiet + FINAL_BOUND_S
+        reached: dict[str, float | None] = {}
+        while time.monotonic() < deadline:
+            reached = {
+                listener.log.name: next(
+                    (w.at - quiet for w in listener.log.watermarks() if w.event_time >= final), None
+                )
+                for _, listener in self.live.values()
+            }
+            if all(took is not None for took in reached.values()) and self.all_acknowledged():
+                break
+            time.sleep(0.1)
+        for sub in self.plan.subscriptions:
+            logs = [entry for entry in self.logs if entry.subscription == sub.name]
+            self.violations += check_subscription(sub.name, logs, self.sent, {p.name for p in self.plan.producers})
+            names = {entry.name for entry in logs}
+            self.violations += check_final(
+                sub.name, final, {n: t for n, t in reached.items() if n in names}, FINAL_BOUND_S
+            )
+            if not self.backlog_drains(sub.name):
+                self.violations.append(Violation("message-lost", sub.name, "backlog not empty at the end"))
+        return max((t for t in reached.values() if t is not None), default=0.0)
+
+    def all_acknowledged(self) -> bool:
+        wanted = set(self.sent)
+        for sub in self.plan.subscriptions:
+            acked: set[str] = set()
+            for entry in self.logs:
+                if entry.subscription == sub.name:
+                    acked |= entry.acknowledged
+            if not wanted <= acked or not self.backlog_empty(sub.name):
+                return False
+        return True
+
+    def backlog_drains(self, subscription: str, within_s: float = 10.0) -> bool:
+        """The generator's snapshots keep arriving (and being acknowledged), so allow a moment."""
+        deadline = time.monotonic() + within_s
+        while not self.backlog_empty(subscription):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    def backlog_empty(self, subscription: str) -> bool:
+        stats = self.cluster.admin.topic_stats(self.topic)
+        return int(stats["subscriptions"][subscription]["msgBacklog"]) == 0
+
+
+def run_scenario(cluster: Cluster, plan: ScenarioPlan, namespace: str) -> ScenarioResult:
+    return Scenario(cluster, plan, namespace).run()
