@@ -196,7 +196,7 @@ class WatermarkState:
             producers=_producers_from(_need(data, "producers")),
             pending_txns=_pending_from(_need(data, "pending")),
         )
-        _check_consistent(state)
+        _check_consistent(state, recorded)
         return state
 
 
@@ -382,8 +382,9 @@ def _pending_from(value: Any) -> dict[PendingKey, PendingMarker]:
     return pending
 
 
-def _check_consistent(state: WatermarkState) -> None:
-    """What every folded state satisfies: nothing before the first clock tick, nothing after the clock."""
+def _check_consistent(state: WatermarkState, recorded: WatermarkConfig) -> None:
+    """What every folded state satisfies: nothing before the first clock tick, nothing after the clock,
+    no transaction still open past the timeout it was computed with (a fold drops those at once)."""
     if state.clock is None:
         if state.producers or state.pending_txns or state.watermark is not None:
             raise _bad("producers, transactions or a watermark without a clock")
@@ -393,3 +394,5 @@ def _check_consistent(state: WatermarkState) -> None:
     times = [r.last_seen for r in state.producers.values()] + [m.started for m in state.pending_txns.values()]
     if any(t > state.clock for t in times):
         raise _bad(f"a producer or transaction time is after the clock {state.clock}")
+    if any(state.clock - m.started > recorded.txn_timeout_ms for m in state.pending_txns.values()):
+        raise _bad(f"a pending transaction older than the recorded txn_timeout_ms {recorded.txn_timeout_ms}")
