@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test unit integration lint demo cluster-up cluster-down cluster-status bench clean
+.PHONY: install test unit integration lint demo cluster-up cluster-down cluster-status bench chaos clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed: set PYTHON=python3.11")'
@@ -45,6 +45,11 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench
+
+# Randomized fault scenarios on a local broker of its own; CHAOS_SEED=N reproduces a run.
+CHAOS_SCENARIOS ?= 200
+chaos: $(STAMP)
+	$(PY) -m tests.chaos --scenarios $(CHAOS_SCENARIOS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) --record
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

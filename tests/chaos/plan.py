@@ -64,7 +64,7 @@ class ScenarioPlan:
         return [(s, c) for s, sub in enumerate(self.subscriptions) for c in range(sub.consumers)]
 
 
-def plan_scenario(seed: int, *, broker_restarts: bool = True, min_faults: int = 5, max_faults: int = 7) -> ScenarioPlan:
+def plan_scenario(seed: int, *, broker_restarts: bool = True, min_faults: int = 6, max_faults: int = 8) -> ScenarioPlan:
     rng = random.Random(seed)
     producers = tuple(
         ProducerPlan(

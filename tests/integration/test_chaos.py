@@ -1,0 +1,35 @@
+"""The short set of the fault-injection suite (`make chaos` runs the long one): no violation may be found.
+
+Runs last in the session (see conftest): one of its scenarios restarts the session's broker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from broker_ext.admin import PulsarAdmin
+from tests.chaos.__main__ import run_many, summary
+from tests.chaos.plan import FaultKind, plan_scenario
+from tests.chaos.scenario import Cluster
+from tests.harness import RunningPulsar
+
+SHORT_SET = [1, 2, 3]
+"""Seed 1 draws every kind of fault, the broker restart included."""
+
+
+def test_short_fault_injection_set_finds_no_violation(
+    pulsar_broker: RunningPulsar, admin: PulsarAdmin, tmp_path: Path
+) -> None:
+    assert {f.kind for f in plan_scenario(1).faults} == set(FaultKind)
+    client = pulsar_broker.settings.client(operation_timeout_seconds=30)
+    try:
+        cluster = Cluster(pulsar_broker.settings, client, admin, tmp_path, pulsar_broker.restart)
+        results = run_many(cluster, SHORT_SET, parallel=1)
+    finally:
+        client.close()
+    totals = summary(results, 0.0)
+    violations = [f"seed {r.seed}: {v}" for r in results for v in r.violations]
+    assert violations == []
+    assert totals["scenarios"] == len(SHORT_SET)
+    assert int(str(totals["faults_injected"])) >= 15
+    assert int(str(totals["messages"])) > 0

@@ -1,0 +1,76 @@
+"""The fault-injection suite's checks and plans: each check finds what it is for, and only that."""
+
+from __future__ import annotations
+
+from tests.chaos.checker import (
+    Delivery,
+    InstanceLog,
+    WatermarkSeen,
+    check_across_instances,
+    check_final,
+    check_monotonic,
+    check_nothing_lost,
+    check_premature,
+    check_subscription,
+)
+from tests.chaos.plan import FaultKind, plan_scenario
+
+
+def instance(name: str, events: list[Delivery | WatermarkSeen], started: float = 0.0, epoch: int = 0) -> InstanceLog:
+    log = InstanceLog("sub", name, started, epoch, list(events))
+    log.acknowledged = {e.payload for e in events if isinstance(e, Delivery)}
+    return log
+
+
+def test_a_message_below_an_earlier_watermark_is_premature_only_for_honest_producers() -> None:
+    log = instance("c1", [WatermarkSeen(100, 1.0), Delivery("a", "p0", 99, 2.0), Delivery("b", "liar", 50, 3.0)])
+    found = check_premature(log, honest={"p0"})
+    assert [v.check for v in found] == ["premature-watermark"]
+    assert "a (event time 99) after watermark 100" in found[0].detail
+
+
+def test_messages_at_or_above_the_watermark_and_before_it_are_fine() -> None:
+    log = instance("c1", [Delivery("a", "p0", 5, 0.5), WatermarkSeen(100, 1.0), Delivery("b", "p0", 100, 2.0)])
+    assert check_premature(log, honest={"p0"}) == []
+
+
+def test_a_watermark_that_goes_back_within_an_instance_is_found() -> None:
+    log = instance("c1", [WatermarkSeen(100, 1.0), WatermarkSeen(90, 2.0), WatermarkSeen(120, 3.0)])
+    assert [v.detail for v in check_monotonic(log)] == ["c1: 100 -> 90"]
+    assert check_monotonic(instance("c2", [WatermarkSeen(1, 1.0), WatermarkSeen(1, 2.0)])) == []
+
+
+def test_a_restarted_instance_may_not_start_below_what_an_earlier_one_saw_unless_a_seek_lies_between() -> None:
+    earlier = instance("c1", [WatermarkSeen(100, 1.0)], started=0.0)
+    later_same_epoch = instance("c2", [WatermarkSeen(80, 5.0)], started=4.0)
+    later_after_seek = instance("c3", [WatermarkSeen(80, 5.0)], started=4.0, epoch=1)
+    assert len(check_across_instances([earlier, later_same_epoch])) == 1
+    assert check_across_instances([earlier, later_after_seek]) == []
+
+
+def test_what_no_instance_acknowledged_is_lost() -> None:
+    logs = [instance("c1", [Delivery("a", "p0", 1, 1.0)]), instance("c2", [Delivery("b", "p0", 1, 1.0)])]
+    assert check_nothing_lost("sub", ["a", "b"], logs) == []
+    lost = check_nothing_lost("sub", ["a", "b", "c"], logs)
+    assert len(lost) == 1 and "1 never acknowledged" in lost[0].detail
+
+
+def test_the_final_watermark_must_arrive_within_the_bound() -> None:
+    found = check_final("sub", 10, {"fast": 0.5, "slow": 70.0, "never": None}, bound_s=60)
+    assert sorted(v.detail.split()[0] for v in found) == ["never", "slow"]
+
+
+def test_a_clean_subscription_passes_every_check() -> None:
+    logs = [instance("c1", [WatermarkSeen(1, 0.1), Delivery("a", "p0", 5, 0.2), WatermarkSeen(5, 0.3)])]
+    assert check_subscription("sub", logs, ["a"], {"p0"}) == []
+
+
+def test_a_plan_is_a_function_of_its_seed_and_has_enough_faults() -> None:
+    assert plan_scenario(7) == plan_scenario(7)
+    assert plan_scenario(7) != plan_scenario(8)
+    plans = [plan_scenario(seed) for seed in range(200)]
+    assert all(6 <= len(p.faults) <= 8 for p in plans)
+    assert all(p.faults == tuple(sorted(p.faults, key=lambda f: f.at_s)) for p in plans)
+    kinds = {f.kind for p in plans for f in p.faults}
+    assert kinds == set(FaultKind)
+    assert not any(f.kind is FaultKind.RESTART_BROKER for f in plan_scenario(3, broker_restarts=False).faults)
