@@ -182,8 +182,9 @@ def test_a_role_without_permission_gets_an_error_naming_the_grant(auth_cluster: 
         admin.close()
     client = stranger.client(operation_timeout_seconds=5)
     try:
-        with pytest.raises(pulsar.AuthorizationError):
+        with pytest.raises(pulsar.AuthorizationError) as denied:
             WatermarkProducer(client, _topic("denied"), producer_name="x")
+        assert "grant-permission public/default" in str(denied.value), str(denied.value)
     finally:
         client.close()
 
