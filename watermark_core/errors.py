@@ -78,7 +78,10 @@ def explain(
     if kind in ("Timeout", "ConnectError"):
         unreachable = True
         fix = SERVICE_URL_FIX
-        message = f"no Pulsar broker answered at {url} when trying to {what} ({kind}); {fix}"
+        message = (
+            f"no Pulsar broker answered at {url} when trying to {what} ({kind}); {fix}; "
+            f"if the broker requires authentication, {AUTH_FIX}"
+        )
     elif kind in ("LookupError", "InvalidUrl"):
         fix = "check that PULSAR_SERVICE_URL is a broker's service URL (pulsar://host:6650 or http://host:8080)"
         message = f"the broker at {url} could not look up {topic or 'the topic'} ({kind}); {fix}"

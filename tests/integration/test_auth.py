@@ -205,6 +205,7 @@ def test_without_a_token_a_producer_and_a_consumer_fail(auth_cluster: AuthCluste
         client.close()
     for error in (producer_error, consumer_error):
         assert isinstance(error.value, pulsar.Timeout | pulsar.ConnectError | pulsar.AuthenticationError), error.value
+        assert "PULSAR_AUTH_TOKEN" in str(error.value), str(error.value)
     # it is the missing credential that the broker refused, not a broker that is down
     assert log.read_text(errors="replace").count("Failed to authenticate: operation=connect") > refusals_before
     admin = PulsarAdmin(auth_cluster.settings(ADMIN_ROLE))
