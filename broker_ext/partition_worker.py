@@ -144,6 +144,7 @@ class PartitionWorker:
         self._last_snapshot_at = time.monotonic()
         self._next_poll = 0.0
         self._next_discovery = 0.0
+        self._read_to_tail_at_poll = False
         self._malformed_logged: set[str] = set()
         self._broken_logged: set[str] = set()
         self._consumer: pulsar.Consumer | None = None
@@ -550,9 +551,9 @@ class PartitionWorker:
         """Read every subscription's mark-delete position and move its secondary cursor."""
         assert self.log is not None
         stats = self.ctx.admin.internal_stats(self.topic)
-        self.ctx.metrics.read_lag.labels(self.base_topic, str(self.partition)).set(
-            read_lag(stats, self.log.head_position)
-        )
+        lag = read_lag(stats, self.log.head_position)
+        self.ctx.metrics.read_lag.labels(self.base_topic, str(self.partition)).set(lag)
+        self._read_to_tail_at_poll = lag == 0
         cursors = stats.get("cursors", {})
         for name in self.durable_subscriptions:
             cursor = cursors.get(name)
@@ -575,17 +576,29 @@ class PartitionWorker:
             else:
                 tracker.mark_delete = mark_delete
 
+    def _reached_mark_delete(self, tracker: SubscriptionTracker) -> bool:
+        """Whether the tracker's state is the one at its mark-delete position, not short of it.
+
+        A generator that just took a partition over may not have read up to a subscription's
+        position yet; the watermark folded so far is lower than the one the previous owner
+        published, and publishing it would make the subscription's watermark go back.
+        """
+        return tracker.applied_to[:2] >= tracker.mark_delete[:2] or self._read_to_tail_at_poll
+
     def _advance_trackers(self) -> None:
         """Move every secondary cursor; if any watermark changed, publish the partition's table."""
         assert self.log is not None
         changed = False
+        ready: list[SubscriptionTracker] = []
         for tracker in self.trackers.values():
             try:
                 tracker.advance(self.log)
             except BeforeBase:  # a subscription far behind: rebuild from the nearest snapshot
                 target = min(tracker.mark_delete, self.log.head_position)
                 tracker.state, tracker.applied_to = self._state_at(target), target
-            changed = changed or (tracker.state.watermark is not None and tracker.state.watermark != tracker.published)
+            if self._reached_mark_delete(tracker) and tracker.state.watermark is not None:
+                ready.append(tracker)
+                changed = changed or tracker.state.watermark != tracker.published
         if not changed or not self.owner:
             return
         seq = time.time_ns() // 1000
@@ -601,11 +614,10 @@ class PartitionWorker:
                 idle=tuple(tracker.state.idle_producers()),
                 pending=len(tracker.state.pending_txns),
             )
-            for tracker in self.trackers.values()
-            if tracker.state.watermark is not None
+            for tracker in ready
         ]
         self.ctx.dispatcher.publish(table)
-        for tracker in self.trackers.values():
+        for tracker in ready:
             if tracker.state.watermark is not None and tracker.state.watermark != tracker.published:
                 tracker.published = tracker.state.watermark
                 self.ctx.metrics.record_watermark(
