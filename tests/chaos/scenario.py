@@ -419,7 +419,7 @@ class Scenario:
         return True
 
     def backlog_empty(self, subscription: str) -> bool:
-        stats = self.cluster.admin.topic_stats(self.topic)
+        stats = retried(lambda: self.cluster.admin.topic_stats(self.topic), "reading stats")
         return int(stats["subscriptions"][subscription]["msgBacklog"]) == 0
 
 
