@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 FINAL_BOUND_S = 60.0
 """How long after the faults stop every live consumer may take to see the final watermark."""
-SEEK_RECOMPUTE_BOUND_S = 30.0
+SEEK_RECOMPUTE_BOUND_S = 60.0
 
 
 @dataclass

@@ -13,14 +13,14 @@ from tests.chaos.plan import FaultKind, plan_scenario
 from tests.chaos.scenario import Cluster
 from tests.harness import RunningPulsar
 
-SHORT_SET = [1, 2, 3]
-"""Seed 1 draws every kind of fault, the broker restart included."""
+SHORT_SET = [131, 2, 3]
+"""Seed 131 draws every kind of fault, the broker restart included (late in its run)."""
 
 
 def test_short_fault_injection_set_finds_no_violation(
     pulsar_broker: RunningPulsar, admin: PulsarAdmin, tmp_path: Path
 ) -> None:
-    assert {f.kind for f in plan_scenario(1).faults} == set(FaultKind)
+    assert {f.kind for f in plan_scenario(SHORT_SET[0]).faults} == set(FaultKind)
     client = pulsar_broker.settings.client(operation_timeout_seconds=30)
     try:
         cluster = Cluster(pulsar_broker.settings, client, admin, tmp_path, pulsar_broker.restart)
