@@ -359,6 +359,8 @@ def test_metrics_and_status_show_the_watermark(
             return [line for line in text.splitlines() if line.startswith(name + "{")]
 
         wait_until(lambda: metric("wm_broken_assertions_total"), what="the broken assertion metric")
+        # the generator publishes the watermark, then records it: the metric may trail the consumer
+        wait_until(lambda: metric("wm_watermark_ms"), what="the watermark metric")
         watermark_lines = metric("wm_watermark_ms")
         assert len(watermark_lines) == 1 and 'subscription="watched"' in watermark_lines[0]
         assert float(watermark_lines[0].rsplit(" ", 1)[1]) == 123_456
