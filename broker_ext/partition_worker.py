@@ -34,6 +34,7 @@ from broker_ext.marker_log import BeforeBase, MarkerLog, SubscriptionTracker
 from broker_ext.metrics import GeneratorMetrics
 from watermark_core.errors import explain
 from watermark_core.protocol import (
+    LAST_BATCH_INDEX,
     MARKER_PROPERTY,
     MalformedMarker,
     Marker,
@@ -138,6 +139,7 @@ class PartitionWorker:
         self._pending: list[Marker | DataSeen] | None = None  # read while looking for the start snapshot
         self._init_tail: tuple[int, int] | None = None
         self._init_start: tuple[int, int] | None = None
+        self._init_first: Position | None = None
         self._init_snapshots: list[SnapshotRef] = []
         self._last_message: pulsar.Message | None = None
         self._messages_since_snapshot = 0
@@ -311,6 +313,7 @@ class PartitionWorker:
         stats = self.ctx.admin.internal_stats(self.topic)
         self._init_tail = parse_position(stats.get("lastConfirmedEntry", "-1:-1"))
         self._init_start = normalized_mark_delete(stats, GENERATOR_SUBSCRIPTION)
+        self._init_first = first
         self._pending = []
         self._init_snapshots = []
         log.info("%s: owner now (instance %s); delivery starts at %s after cursor %s, looking for a snapshot",
@@ -370,9 +373,19 @@ class PartitionWorker:
             self._start_from(state, cursor)
             self._replay_pending(cursor)
         else:
-            log.info("%s: no snapshot after the generator's cursor; folding from the start of the log", self.topic)
-            self._start_from(WatermarkState.initial(self.config.watermark_config), BEFORE_EVERYTHING)
-            self._replay_pending(BEFORE_EVERYTHING)
+            # The cursor names no entry. Usually nothing was consumed yet and our delivery starts at
+            # the log's first entry; but after a broker restart the cursor has been seen at
+            # "(next ledger, -1)" past entries we were never delivered. Fold whatever lies before
+            # our first delivery (nothing, in the usual case) so no marker is missed.
+            assert self._init_first is not None
+            before_first: Position = (self._init_first[0], self._init_first[1] - 1, LAST_BATCH_INDEX)
+            log.info("%s: no snapshot after the generator's cursor; folding the log before %s",
+                     self.topic, self._init_first[:2])  # fmt: skip
+            state = self._fold_range(
+                WatermarkState.initial(self.config.watermark_config), BEFORE_EVERYTHING, before_first
+            )
+            self._start_from(state, before_first)
+            self._replay_pending(before_first)
         if self._last_message is not None and self.log is not None:
             self.log.advance_head(message_position(self._last_message))
 
