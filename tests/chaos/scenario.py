@@ -396,6 +396,7 @@ class Scenario:
             )
             if not self.backlog_drains(sub.name):
                 self.violations.append(Violation("message-lost", sub.name, "backlog not empty at the end"))
+                self.notes.append(f"{sub.name} at the end: {self.subscription_snapshot(sub.name)}")
         return max((t for t in reached.values() if t is not None), default=0.0)
 
     def all_acknowledged(self) -> bool:
@@ -417,6 +418,18 @@ class Scenario:
                 return False
             time.sleep(0.1)
         return True
+
+    def subscription_snapshot(self, subscription: str) -> str:
+        """What the broker says of a stuck subscription: its consumers' permits and unacknowledged messages."""
+        try:
+            stats = self.cluster.admin.topic_stats(self.topic)["subscriptions"][subscription]
+        except Exception as exc:
+            return f"stats unavailable: {exc!r}"
+        consumers = [
+            {k: c.get(k) for k in ("consumerName", "availablePermits", "unackedMessages", "msgOutCounter")}
+            for c in stats.get("consumers", [])
+        ]
+        return f"backlog {stats.get('msgBacklog')}, active {stats.get('activeConsumerName')}, consumers {consumers}"
 
     def backlog_empty(self, subscription: str) -> bool:
         stats = retried(lambda: self.cluster.admin.topic_stats(self.topic), "reading stats")
