@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -25,21 +23,9 @@ TRIGGER_S = 1.0
 
 
 def _session(settings: PulsarSettings) -> Any:
-    from pyspark.sql import SparkSession
+    import spark_sink
 
-    os.environ.update(
-        PYSPARK_PYTHON=sys.executable, PULSAR_SERVICE_URL=settings.service_url, PULSAR_ADMIN_URL=settings.admin_url
-    )
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return spark_sink.local_session(settings.service_url, settings.admin_url)
 
 
 def window_close_latency(spark: Any, client: pulsar.Client, windows: int = 12) -> float:

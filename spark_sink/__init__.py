@@ -37,6 +37,31 @@ def data_source() -> Any:
     return PulsarWatermarkDataSource
 
 
+def local_session(service_url: str, admin_url: str) -> Any:
+    """A local[2] Spark session for this machine (demo, benchmarks, tests), with the source registered.
+
+    Executors run this interpreter (`PYSPARK_PYTHON`), which has `pulsar-client` and this package,
+    and find the cluster through `PULSAR_SERVICE_URL` / `PULSAR_ADMIN_URL`.
+    """
+    import os
+    import sys
+
+    from pyspark.sql import SparkSession
+
+    os.environ.update(PYSPARK_PYTHON=sys.executable, PULSAR_SERVICE_URL=service_url, PULSAR_ADMIN_URL=admin_url)
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
 def register(spark: Any) -> None:
     """Make `format("pulsar-watermark")` known to this Spark session."""
     spark.dataSource.register(data_source())

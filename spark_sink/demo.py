@@ -11,7 +11,6 @@ windows against the ground truth, and a PNG plot of event times and watermarks o
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 import threading
@@ -87,10 +86,6 @@ def main() -> int:
     except ClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    os.environ.update(
-        PULSAR_SERVICE_URL=cluster.service_url, PULSAR_ADMIN_URL=cluster.admin_url, PYSPARK_PYTHON=sys.executable
-    )
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     import spark_sink
@@ -104,16 +99,7 @@ def main() -> int:
     PulsarAdmin(settings).create_topic(topic, partitions=2)
     client = settings.client()
     say("starting Spark (local[2]) ...")
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    spark_sink.register(spark)
+    spark = spark_sink.local_session(cluster.service_url, cluster.admin_url)
     checkpoints = Path(f"/tmp/pulsar-wm-demo-{uuid.uuid4().hex[:6]}")
 
     results: dict[str, dict[int, tuple[int, float]]] = {"broker": {}}  # query -> window -> (count, wall time)
