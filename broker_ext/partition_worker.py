@@ -601,18 +601,14 @@ class PartitionWorker:
     def _advance_trackers(self) -> None:
         """Move every secondary cursor; if any watermark changed, publish the partition's table."""
         assert self.log is not None
-        changed = False
-        ready: list[SubscriptionTracker] = []
         for tracker in self.trackers.values():
             try:
                 tracker.advance(self.log)
             except BeforeBase:  # a subscription far behind: rebuild from the nearest snapshot
                 target = min(tracker.mark_delete, self.log.head_position)
                 tracker.state, tracker.applied_to = self._state_at(target), target
-            if self._reached_mark_delete(tracker) and tracker.state.watermark is not None:
-                ready.append(tracker)
-                changed = changed or tracker.state.watermark != tracker.published
-        if not changed or not self.owner:
+        ready = [t for t in self.trackers.values() if t.state.watermark is not None and self._reached_mark_delete(t)]
+        if not self.owner or all(t.state.watermark == t.published for t in ready):
             return
         seq = time.time_ns() // 1000
         table = [
