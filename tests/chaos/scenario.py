@@ -131,6 +131,7 @@ class Scenario:
         self.ids: list[dict[str, pulsar.MessageId]] = [{} for _ in plan.subscriptions]
         self.epochs = [0 for _ in plan.subscriptions]
         self.sent: list[str] = []
+        self.producers: dict[str, WatermarkProducer] = {}
         self.sent_lock = threading.Lock()
         self.assert_lock = threading.Lock()
         self.highest_assertion = 0
@@ -325,7 +326,6 @@ class Scenario:
 
     def run(self) -> ScenarioResult:
         started = time.monotonic()
-        self.producers: dict[str, WatermarkProducer] = {}
         with self.cluster.broker_lock:  # not while another scenario restarts the broker
             pass
         retried(lambda: self.cluster.admin.create_topic(self.topic), "creating the topic")

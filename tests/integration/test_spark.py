@@ -81,6 +81,15 @@ def _produce(producer: WatermarkProducer, keys: list[str], start_s: int, stop_s:
     return truth
 
 
+
+def one_per_second(producer: WatermarkProducer, seconds: int, final: int) -> None:
+    """One message with key "k" and a W_SET per event-time second from BASE, then a final W_SET."""
+    producer.new_watermark().event_time(BASE).send()
+    for second in range(seconds):
+        producer.send(b"x", partition_key="k", event_timestamp=BASE + second * 1000)
+        producer.new_watermark().event_time(BASE + second * 1000).send()
+    producer.new_watermark().event_time(final).send()
+
 @pytest.mark.usefixtures("generator")
 def test_windowed_counts_equal_the_ground_truth_across_a_restart(
     spark: SparkSession, pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str, tmp_path: Path
@@ -123,11 +132,7 @@ def test_the_sink_writes_rows_and_the_query_watermark_for_a_downstream_consumer(
     downstream = Recorder()
     consumer = WatermarkConsumer(pulsar_client, output, "downstream", listener=downstream)
     producer = WatermarkProducer(pulsar_client, topic, producer_name="upstream")
-    producer.new_watermark().event_time(BASE).send()
-    for second in range(25):
-        producer.send(b"x", partition_key="k", event_timestamp=BASE + second * 1000)
-        producer.new_watermark().event_time(BASE + second * 1000).send()
-    producer.new_watermark().event_time(BASE + 40_000).send()
+    one_per_second(producer, seconds=25, final=BASE + 40_000)
 
     spark_sink.register(spark)
     counts = (
@@ -187,11 +192,7 @@ def test_a_second_query_on_the_sinks_output_gets_the_first_querys_watermark(
     output = f"{topic}-tens"
     admin.create_topic(output)  # the downstream query starts before the upstream one writes
     producer = WatermarkProducer(pulsar_client, topic, producer_name="chain-source")
-    producer.new_watermark().event_time(BASE).send()
-    for second in range(50):
-        producer.send(b"x", partition_key="k", event_timestamp=BASE + second * 1000)
-        producer.new_watermark().event_time(BASE + second * 1000).send()
-    producer.new_watermark().event_time(BASE + 80_000).send()
+    one_per_second(producer, seconds=50, final=BASE + 80_000)
 
     spark_sink.register(spark)
     upstream = (
