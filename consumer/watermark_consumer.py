@@ -213,13 +213,19 @@ class WatermarkConsumer:
         return getattr(self._consumer, name)
 
     def close(self) -> None:
+        """Close the consumer; the watermark reader and the listener thread stop even if that fails.
+
+        The error of the underlying close (e.g. the client was closed first) is raised after them.
+        """
         if self._closed:
             return
         self._closed = True
         self._warning.cancel()
-        self._consumer.close()
-        self._feed.close()
-        self._stop_dispatcher()
+        try:
+            self._consumer.close()
+        finally:
+            self._feed.close()
+            self._stop_dispatcher()
 
     def _stop_dispatcher(self) -> None:
         if self._dispatcher is not None:

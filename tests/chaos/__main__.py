@@ -28,7 +28,7 @@ from pathlib import Path
 from broker_ext.admin import PulsarAdmin
 from tests.chaos.checker import Violation
 from tests.chaos.plan import plan_scenario
-from tests.chaos.scenario import Cluster, ScenarioResult, run_scenario
+from tests.chaos.scenario import Cluster, ScenarioResult, run_scenario, suite_client
 from tests.harness import real_pulsar
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def say(message: str) -> None:
 @contextlib.contextmanager
 def chaos_cluster(work: Path) -> Iterator[Cluster]:
     with real_pulsar(work / "pulsar") as running:
-        client = running.settings.client(operation_timeout_seconds=30)
+        client = suite_client(running.settings, work)
         admin = PulsarAdmin(running.settings)
         try:
             yield Cluster(running.settings, client, admin, work, running.restart)

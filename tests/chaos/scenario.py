@@ -44,6 +44,13 @@ FINAL_BOUND_S = 60.0
 SEEK_RECOMPUTE_BOUND_S = 60.0
 
 
+def suite_client(settings: PulsarSettings, log_dir: Path) -> pulsar.Client:
+    """A client whose log goes to `log_dir/clients.log`: broker restarts make every client log its
+    reconnect attempts, which would drown the suite's own output."""
+    logger = pulsar.FileLogger(pulsar.LoggerLevel.Warn, str(log_dir / "clients.log"))
+    return settings.client(operation_timeout_seconds=30, logger=logger)
+
+
 @dataclass
 class Cluster:
     """The real cluster a scenario runs on; `restart_broker` is None where we cannot restart it."""
@@ -54,6 +61,19 @@ class Cluster:
     log_dir: Path
     restart_broker: Callable[[], None] | None = None
     broker_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def new_client(self) -> pulsar.Client:
+        """A client of its own, as a separate consumer process would have."""
+        return suite_client(self.settings, self.log_dir)
+
+
+@dataclass
+class Instance:
+    """A live consumer instance: its own client (its process), the consumer and its listener."""
+
+    client: pulsar.Client
+    consumer: WatermarkConsumer
+    listener: ChaosListener
 
 
 @dataclass
@@ -127,7 +147,7 @@ class Scenario:
             WM_TOPICS=self.topic, WM_NAMESPACES="",
         )  # fmt: skip
         self.logs: list[InstanceLog] = []
-        self.live: dict[tuple[int, int], tuple[WatermarkConsumer, ChaosListener]] = {}
+        self.live: dict[tuple[int, int], Instance] = {}
         self.ids: list[dict[str, pulsar.MessageId]] = [{} for _ in plan.subscriptions]
         self.epochs = [0 for _ in plan.subscriptions]
         self.sent: list[str] = []
@@ -150,6 +170,12 @@ class Scenario:
     # -- consumers --------------------------------------------------------------------------------
 
     def open_instance(self, slot: tuple[int, int]) -> None:
+        """Start a consumer instance the way a process does: a client of its own, retried while the broker is away.
+
+        A subscribe attempt that fails takes its client with it: the C++ client may have registered
+        the consumer at the broker before the attempt failed, and on a Failover subscription such a
+        consumer, which no listener drains, could become the active one.
+        """
         sub = self.plan.subscriptions[slot[0]]
         self.instance_count += 1
         name = f"{sub.name}-c{slot[1]}-{self.instance_count}"
@@ -158,24 +184,35 @@ class Scenario:
             instance_log, random.Random(self.rng.random()), self.plan.max_processing_delay_s, self.ids[slot[0]]
         )
         queue_size = self.rng.choice([5, 50, 500])
-        consumer = retried(
-            lambda: WatermarkConsumer(
-                self.cluster.client, self.topic, sub.name, listener=listener,
-                consumer_type=pulsar.ConsumerType.Shared if sub.shared else pulsar.ConsumerType.Failover,
-                initial_position=pulsar.InitialPosition.Earliest, consumer_name=name,
-                receiver_queue_size=queue_size,
-            ),
-            f"subscribing {name}",
-        )  # fmt: skip
+
+        def attempt() -> tuple[pulsar.Client, WatermarkConsumer]:
+            client = self.cluster.new_client()
+            try:
+                consumer = WatermarkConsumer(
+                    client, self.topic, sub.name, listener=listener,
+                    consumer_type=pulsar.ConsumerType.Shared if sub.shared else pulsar.ConsumerType.Failover,
+                    initial_position=pulsar.InitialPosition.Earliest, consumer_name=name,
+                    receiver_queue_size=queue_size,
+                )  # fmt: skip
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    client.close()
+                raise
+            return client, consumer
+
+        client, consumer = retried(attempt, f"subscribing {name}")
         self.logs.append(instance_log)
-        self.live[slot] = (consumer, listener)
+        self.live[slot] = Instance(client, consumer, listener)
 
     def crash_instance(self, slot: tuple[int, int]) -> None:
-        consumer, listener = self.live.pop(slot)
-        listener.dead = True
-        listener.log.closed = time.monotonic()
+        """A crash: the listener stops at once and the process's connection goes away, acknowledging nothing more."""
+        instance = self.live.pop(slot)
+        instance.listener.dead = True
+        instance.listener.log.closed = time.monotonic()
         with contextlib.suppress(Exception):
-            consumer.close()
+            instance.client.close()
+        with contextlib.suppress(Exception):  # releases the wrapper's reader and listener thread
+            instance.consumer.close()
 
     # -- producers --------------------------------------------------------------------------------
 
@@ -269,14 +306,17 @@ class Scenario:
         seq_cut = time.time_ns() // 1000
 
         def seek() -> None:
-            seeker = self.cluster.client.subscribe(
-                self.topic, sub.name, consumer_name="seeker",
-                consumer_type=pulsar.ConsumerType.Shared if sub.shared else pulsar.ConsumerType.Failover,
-            )  # fmt: skip
+            """A short-lived process of its own: if the seek fails, closing its client leaves no consumer behind."""
+            client = self.cluster.new_client()
             try:
+                seeker = client.subscribe(
+                    self.topic, sub.name, consumer_name="seeker",
+                    consumer_type=pulsar.ConsumerType.Shared if sub.shared else pulsar.ConsumerType.Failover,
+                )  # fmt: skip
                 seeker.seek(target)
             finally:
-                seeker.close()
+                with contextlib.suppress(Exception):
+                    client.close()
 
         retried(seek, f"seeking {sub.name}")
         self.epochs[index] += 1
@@ -382,7 +422,7 @@ class Scenario:
                 listener.log.name: next(
                     (w.at - quiet for w in listener.log.watermarks() if w.event_time >= final), None
                 )
-                for _, listener in self.live.values()
+                for listener in (instance.listener for instance in self.live.values())
             }
             if all(took is not None for took in reached.values()) and self.all_acknowledged():
                 break

@@ -10,7 +10,7 @@ from pathlib import Path
 from broker_ext.admin import PulsarAdmin
 from tests.chaos.__main__ import run_many, summary
 from tests.chaos.plan import FaultKind, plan_scenario
-from tests.chaos.scenario import Cluster
+from tests.chaos.scenario import Cluster, suite_client
 from tests.harness import RunningPulsar
 
 SHORT_SET = [131, 2, 3]
@@ -21,7 +21,7 @@ def test_short_fault_injection_set_finds_no_violation(
     pulsar_broker: RunningPulsar, admin: PulsarAdmin, tmp_path: Path
 ) -> None:
     assert {f.kind for f in plan_scenario(SHORT_SET[0]).faults} == set(FaultKind)
-    client = pulsar_broker.settings.client(operation_timeout_seconds=30)
+    client = suite_client(pulsar_broker.settings, tmp_path)
     try:
         cluster = Cluster(pulsar_broker.settings, client, admin, tmp_path, pulsar_broker.restart)
         results = run_many(cluster, SHORT_SET, parallel=1)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 
 import msgpack
@@ -10,6 +12,7 @@ import pulsar
 import pytest
 
 from broker_ext.admin import PulsarAdmin
+from broker_ext.settings import PulsarSettings
 from consumer import WatermarkConsumer
 from producer import TransactionClosedError, WatermarkProducer
 from tests.integration.helpers import Recorder, backlog, partition_backlogs, wait_until
@@ -228,3 +231,22 @@ def test_a_message_below_the_watermark_is_counted_late(pulsar_client: pulsar.Cli
     assert consumer.late_messages == 1
     consumer.close()
     producer.close()
+
+
+def test_close_after_the_client_closed_still_stops_the_consumers_threads(
+    pulsar_settings: PulsarSettings, topic: str
+) -> None:
+    """What the fault suite's crashed consumer does: the client (the connection) goes first.
+
+    The wrapper's watermark reader and listener thread must stop all the same, whether the
+    underlying close then succeeds or fails, not linger for the process's life.
+    """
+    client = pulsar_settings.client()
+    consumer = WatermarkConsumer(client, topic, "sub", listener=Recorder())
+    threads = {t.name for t in threading.enumerate()} & {"wm-listener-sub", "wm-feed-sub"}
+    assert threads == {"wm-listener-sub", "wm-feed-sub"}
+    client.close()
+    with contextlib.suppress(pulsar.PulsarException):
+        consumer.close()
+    left = [t for t in threading.enumerate() if t.name in threads and t.is_alive()]
+    assert left == []
