@@ -1,6 +1,6 @@
 """`make chaos`: many randomized fault scenarios on a real local cluster; prints what it injected and found.
 
-    python -m tests.chaos [--scenarios 200] [--seed N] [--only SEED] [--record]
+    python -m tests.chaos [--scenarios 200] [--seed N] [--only SEED] [--restart-share 0.04] [--record]
 
 Uses the cluster named by PULSAR_SERVICE_URL (then without broker restarts), else starts its own
 standalone broker on free ports. Exit code 1 if any violation was found; each one names the seed
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from broker_ext.admin import PulsarAdmin
 from tests.chaos.checker import Violation
-from tests.chaos.plan import plan_scenario
+from tests.chaos.plan import RESTART_SHARE, plan_scenario
 from tests.chaos.scenario import Cluster, ScenarioResult, run_scenario, suite_client
 from tests.harness import real_pulsar
 
@@ -52,7 +52,13 @@ def chaos_cluster(work: Path) -> Iterator[Cluster]:
 
 
 def run_many(
-    cluster: Cluster, seeds: list[int], *, parallel: int = 1, deadline_s: float | None = None, verbose: bool = False
+    cluster: Cluster,
+    seeds: list[int],
+    *,
+    parallel: int = 1,
+    deadline_s: float | None = None,
+    verbose: bool = False,
+    restart_share: float = RESTART_SHARE,
 ) -> list[ScenarioResult]:
     """Run the scenarios of `seeds` (`parallel` at a time) in one namespace, printing a line for each.
 
@@ -68,7 +74,7 @@ def run_many(
     def one(seed: int) -> ScenarioResult | None:
         if deadline_s is not None and time.monotonic() - started > deadline_s:
             return None
-        plan = plan_scenario(seed, broker_restarts=cluster.restart_broker is not None)
+        plan = plan_scenario(seed, broker_restarts=cluster.restart_broker is not None, restart_share=restart_share)
         try:
             result = run_scenario(cluster, plan, namespace)
         except Exception as exc:  # the suite itself failing is a finding too; go on with the others
@@ -121,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", type=int, default=None, help="run just the scenario of this seed")
     parser.add_argument("--parallel", type=int, default=2, help="scenarios running side by side (default 2)")
     parser.add_argument("--verbose", action="store_true", help="print each scenario's notes (phase timings)")
+    parser.add_argument(
+        "--restart-share", type=float, default=RESTART_SHARE,
+        help=f"share of scenarios that restart the broker (default {RESTART_SHARE}; 1 stresses restarts)",
+    )  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting scenarios after this long")
     parser.add_argument("--record", action="store_true", help=f"write the summary to {RESULTS.relative_to(REPO)}")
     args = parser.parse_args(argv)
@@ -135,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="chaos-") as work, chaos_cluster(Path(work)) as cluster:
         if cluster.restart_broker is None:
             say("broker restarts off: the cluster is not one this run started")
-        results = run_many(cluster, seeds, parallel=args.parallel, deadline_s=args.budget_s, verbose=args.verbose)
+        results = run_many(
+            cluster, seeds, parallel=args.parallel, deadline_s=args.budget_s, verbose=args.verbose,
+            restart_share=args.restart_share,
+        )  # fmt: skip
     totals = summary(results, time.monotonic() - started)
     say(
         f"scenarios run: {totals['scenarios']}, faults injected: {totals['faults_injected']} "

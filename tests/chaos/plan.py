@@ -64,7 +64,23 @@ class ScenarioPlan:
         return [(s, c) for s, sub in enumerate(self.subscriptions) for c in range(sub.consumers)]
 
 
-def plan_scenario(seed: int, *, broker_restarts: bool = True, min_faults: int = 6, max_faults: int = 8) -> ScenarioPlan:
+RESTART_SHARE = 0.04
+"""The share of scenarios that restart the broker: each restart costs 10-40 s."""
+
+
+def plan_scenario(
+    seed: int,
+    *,
+    broker_restarts: bool = True,
+    restart_share: float = RESTART_SHARE,
+    min_faults: int = 6,
+    max_faults: int = 8,
+) -> ScenarioPlan:
+    """The plan of `seed`: the same seed and options give the same plan.
+
+    `restart_share` is the chance that one of the faults is a broker restart; the producers and
+    subscriptions do not depend on it (the fault schedule does).
+    """
     rng = random.Random(seed)
     producers = tuple(
         ProducerPlan(
@@ -84,7 +100,7 @@ def plan_scenario(seed: int, *, broker_restarts: bool = True, min_faults: int = 
     slots = sum(sub.consumers for sub in subscriptions)
     kinds = [FaultKind.KILL_GENERATOR] * 3 + [FaultKind.CRASH_CONSUMER] * 4 + [FaultKind.SEEK_BACK]
     chosen = [rng.choice(kinds) for _ in range(rng.randint(min_faults, max_faults))]
-    if broker_restarts and rng.random() < 0.04:
+    if broker_restarts and rng.random() < restart_share:
         chosen[rng.randrange(len(chosen))] = FaultKind.RESTART_BROKER
     times = sorted(rng.uniform(0.2, 3.0) for _ in chosen)
     faults = tuple(

@@ -74,3 +74,12 @@ def test_a_plan_is_a_function_of_its_seed_and_has_enough_faults() -> None:
     kinds = {f.kind for p in plans for f in p.faults}
     assert kinds == set(FaultKind)
     assert not any(f.kind is FaultKind.RESTART_BROKER for f in plan_scenario(3, broker_restarts=False).faults)
+
+
+def test_a_restart_share_of_one_restarts_the_broker_in_every_scenario_with_the_same_workload() -> None:
+    stressed = [plan_scenario(seed, restart_share=1.0) for seed in range(50)]
+    assert all(sum(f.kind is FaultKind.RESTART_BROKER for f in plan.faults) == 1 for plan in stressed)
+    for seed, plan in enumerate(stressed):
+        usual = plan_scenario(seed)
+        assert (plan.producers, plan.subscriptions) == (usual.producers, usual.subscriptions)
+    assert sum(any(f.kind is FaultKind.RESTART_BROKER for f in plan_scenario(s).faults) for s in range(200)) < 20
