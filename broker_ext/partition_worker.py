@@ -53,6 +53,12 @@ log = logging.getLogger(__name__)
 
 BEFORE_EVERYTHING: Position = (-1, -1, -1)
 MAX_BACKOFF_S = 10.0
+FOLD_READ_LIMIT_S = 60.0
+"""How long rebuilding a state from the log may keep waiting for entries the broker says exist."""
+
+
+class InconsistentFold(RuntimeError):
+    """A state rebuilt from the log disagrees with what the generator read itself; it is not used."""
 
 
 @dataclass
@@ -103,6 +109,13 @@ def normalized_mark_delete(stats: dict[str, object], subscription: str) -> tuple
         return ledger, entry
     previous, entries = max(earlier)
     return previous, entries - 1
+
+
+def rebuilt_is_consistent(rebuilt: WatermarkState, head: WatermarkState) -> bool:
+    """Whether a state rebuilt for a position at or before `head`'s can be right: its watermark is not above."""
+    if rebuilt.watermark is None:
+        return True
+    return head.watermark is not None and rebuilt.watermark <= head.watermark
 
 
 def read_lag(stats: dict[str, Any], head: Position) -> int:
@@ -180,6 +193,10 @@ class PartitionWorker:
             except TopicNotFound:
                 log.info("%s: topic deleted; dropping it", self.topic)
                 self.deleted = True
+            except InconsistentFold as exc:
+                log.warning("%s: %s; retrying in %.1f s", self.topic, exc, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
             except (AdminError, pulsar.PulsarException) as exc:
                 # A broker that went away: say once what is wrong and how to fix it, then retry quietly
                 # (the Pulsar client reconnects by itself; the state is kept and resumes where it was).
@@ -318,6 +335,8 @@ class PartitionWorker:
         self._init_snapshots = []
         log.info("%s: owner now (instance %s); delivery starts at %s after cursor %s, looking for a snapshot",
                  self.topic, self.config.instance_id, first[:2], self._init_start)  # fmt: skip
+        log.debug("%s: ledgers %s, cursors %s", self.topic, stats.get("ledgers"),
+                  {name: c.get("markDeletePosition") for name, c in stats.get("cursors", {}).items()})  # fmt: skip
 
     def _handle_during_init(self, item: Marker | DataSeen) -> None:
         assert self._pending is not None and self._init_start is not None
@@ -464,7 +483,23 @@ class PartitionWorker:
             state, start = WatermarkState.initial(self.config.watermark_config), BEFORE_EVERYTHING
         else:
             state, start = WatermarkState.from_dict(snapshot.state, self.config.watermark_config), snapshot.at
-        return self._replay(state, start, target)
+        state = self._replay(state, start, target)
+        self._check_not_above_head(state, start, target)
+        return state
+
+    def _check_not_above_head(self, state: WatermarkState, start: Position, target: Position) -> None:
+        """A state rebuilt for a position at or before our head can never have a higher watermark.
+
+        The fold only moves the watermark up along the log, so such a state means the rebuild read
+        the log differently from our own reading (seen once after two broker restarts in a row, see
+        docs/RELIABILITY.md); publishing it could be premature, so it is refused and retried.
+        """
+        head = self.head.watermark
+        if not rebuilt_is_consistent(state, self.head):
+            raise InconsistentFold(
+                f"the state rebuilt at {target[:2]} from {start[:2]} has watermark {state.watermark}, above the "
+                f"watermark {head} at our head {self._head_position}; not using it"
+            )
 
     def _snapshot_before(self, target: Position) -> SnapshotRef | None:
         """The nearest snapshot stating a position at or before `target`, walking back the chain."""
@@ -508,24 +543,47 @@ class PartitionWorker:
         return state
 
     def _fold_range(self, state: WatermarkState, start: Position, stop_at: Position) -> WatermarkState:
-        """Fold the markers in (start, stop_at] read from the partition with a reader of our own."""
+        """Fold the markers in (start, stop_at] read from the partition with a reader of our own.
+
+        The fold ends at the first entry past `stop_at`, or where the broker says the partition
+        ends. A read that merely times out (a broker restarting) is not an end: a fold that stopped
+        there would miss markers, and a state without a producer's latest `W_SET` (say, after its
+        `W_IDLE`) gives a premature watermark. Reads that keep failing raise, and the step is retried.
+        """
         reader = self._open_reader(start, inclusive=False)
+        deadline = time.monotonic() + FOLD_READ_LIMIT_S
+        first: Position | None = None
+        last: Position | None = None
+        folded = 0
         try:
             while True:
                 try:
                     message = reader.read_next(timeout_millis=5_000)
                 except pulsar.Timeout:
-                    break
+                    if not reader.has_message_available():
+                        break  # the partition ends before `stop_at`
+                    if time.monotonic() > deadline:
+                        raise pulsar.Timeout(
+                            f"reading {self.topic} from {start[:2]} to {stop_at[:2]} kept timing out for "
+                            f"{FOLD_READ_LIMIT_S:.0f} s although the broker has more"
+                        ) from None
+                    continue
                 position = message_position(message)
+                first = first or position
                 if position <= start:
                     continue
                 if position > stop_at:
                     break
+                last = position
                 marker = self._decode(message, position)
                 if marker is not None:
                     state = state.apply(marker)
+                    folded += 1
         finally:
             reader.close()
+        log.debug("%s: folded %d markers in (%s, %s]: first entry read %s, last folded %s, watermark %s",
+                  self.topic, folded, start[:2], stop_at[:2], first and first[:2], last and last[:2],
+                  state.watermark)  # fmt: skip
         return state
 
     # -- subscriptions -------------------------------------------------------------------------------
@@ -625,6 +683,12 @@ class PartitionWorker:
             )
             for tracker in ready
         ]
+        if log.isEnabledFor(logging.DEBUG):
+            for tracker in ready:
+                log.debug("%s: publishing %r: watermark %s folded to %s, mark-delete %s, active %s, idle %s",
+                          self.topic, tracker.name, tracker.state.watermark, tracker.applied_to[:2],
+                          tracker.mark_delete[:2], tracker.state.active_producers(),
+                          sorted(tracker.state.idle_producers()))  # fmt: skip
         self.ctx.dispatcher.publish(table)
         for tracker in ready:
             if tracker.state.watermark is not None and tracker.state.watermark != tracker.published:

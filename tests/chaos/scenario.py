@@ -8,14 +8,16 @@ over after a watermark above its event time. Faults run one after another while 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import random
+import shutil
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -42,6 +44,8 @@ log = logging.getLogger(__name__)
 FINAL_BOUND_S = 60.0
 """How long after the faults stop every live consumer may take to see the final watermark."""
 SEEK_RECOMPUTE_BOUND_S = 60.0
+FAILURES = Path(__file__).resolve().parents[2] / ".chaos-failures"
+"""Where a scenario with violations leaves its generator log and listener timelines."""
 
 
 def suite_client(settings: PulsarSettings, log_dir: Path) -> pulsar.Client:
@@ -144,7 +148,7 @@ class Scenario:
         self.topic = f"persistent://{namespace}/chaos-{plan.seed}-{uuid.uuid4().hex[:6]}"
         self.generator = GeneratorProcess(
             cluster.settings, cluster.log_dir / f"generator-{plan.seed}.log", f"chaos-{plan.seed}",
-            WM_TOPICS=self.topic, WM_NAMESPACES="",
+            log_level="DEBUG", WM_TOPICS=self.topic, WM_NAMESPACES="",
         )  # fmt: skip
         self.logs: list[InstanceLog] = []
         self.live: dict[tuple[int, int], Instance] = {}
@@ -404,6 +408,8 @@ class Scenario:
                 self.cluster.admin.delete_topic(self.topic)
             self.phases["teardown"] = time.monotonic() - closing
         self.notes.append("phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items()))
+        if self.violations:
+            self.notes.append(f"evidence kept in {self.keep_evidence()}")
         return ScenarioResult(
             self.plan.seed, self.faults, self.violations, len(self.sent), recovery,
             time.monotonic() - started, self.notes,
@@ -438,6 +444,20 @@ class Scenario:
                 self.violations.append(Violation("message-lost", sub.name, "backlog not empty at the end"))
                 self.notes.append(f"{sub.name} at the end: {self.subscription_snapshot(sub.name)}")
         return max((t for t in reached.values() if t is not None), default=0.0)
+
+    def keep_evidence(self) -> Path:
+        """Copy the generator's log and what every listener saw to FAILURES/<seed> (the work dir is temporary)."""
+        kept = FAILURES / str(self.plan.seed)
+        kept.mkdir(parents=True, exist_ok=True)
+        if self.generator.log_path.exists():
+            shutil.copy(self.generator.log_path, kept / "generator.log")
+        listeners = [
+            {"name": entry.name, "subscription": entry.subscription, "started": entry.started, "epoch": entry.epoch,
+             "closed": entry.closed, "events": [asdict(event) for event in entry.events]}
+            for entry in self.logs
+        ]  # fmt: skip
+        (kept / "listeners.json").write_text(json.dumps({"t0": self.t0, "instances": listeners}, indent=1))
+        return kept
 
     def all_acknowledged(self) -> bool:
         wanted = set(self.sent)

@@ -22,8 +22,11 @@ FAST = {
 class GeneratorProcess:
     """One generator instance; `kill()` is a `kill -9`."""
 
-    def __init__(self, settings: PulsarSettings, log_path: Path, instance_id: str, **env: str) -> None:
+    def __init__(
+        self, settings: PulsarSettings, log_path: Path, instance_id: str, log_level: str = "INFO", **env: str
+    ) -> None:
         self.settings = settings
+        self.log_level = log_level
         self.log_path = log_path
         self.instance_id = instance_id
         self.env = {**FAST, **env}
@@ -39,7 +42,7 @@ class GeneratorProcess:
         }
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "broker_ext.cli", "serve"],
+                [sys.executable, "-m", "broker_ext.cli", "--log-level", self.log_level, "serve"],
                 env=environment,
                 stdout=out,
                 stderr=subprocess.STDOUT,

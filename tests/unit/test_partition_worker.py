@@ -1,0 +1,50 @@
+"""The generator's check of a state it rebuilt from the log against what it read itself (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_ext.partition_worker import rebuilt_is_consistent
+from watermark_core.protocol import Marker, MarkerKind, position_of
+from watermark_core.state import WatermarkState, apply_all
+
+pytestmark = pytest.mark.unit
+
+
+def markers() -> list[Marker]:
+    """Seed 7007's shape: p3 joins, goes idle and rejoins early; p0 keeps asserting higher later."""
+    sequence = [
+        ("p0", MarkerKind.W_SET, 1_000),
+        ("p3", MarkerKind.W_SET, 900),
+        ("p3", MarkerKind.W_IDLE, None),
+        ("p3", MarkerKind.W_SET, 1_000),
+        ("p0", MarkerKind.W_SET, 2_000),
+        ("p0", MarkerKind.W_SET, 3_000),
+    ]
+    return [
+        Marker(kind, producer, position_of(1, entry), 10 * entry, event_time=event_time)
+        for entry, (producer, kind, event_time) in enumerate(sequence)
+    ]
+
+
+def test_a_correct_rebuild_at_any_earlier_position_is_consistent_with_the_head() -> None:
+    log = markers()
+    head = apply_all(WatermarkState.initial(), log)
+    for cut in range(len(log) + 1):
+        assert rebuilt_is_consistent(apply_all(WatermarkState.initial(), log[:cut]), head)
+
+
+def test_a_rebuild_that_missed_a_producers_early_markers_is_refused() -> None:
+    log = markers()
+    head = apply_all(WatermarkState.initial(), log)  # our own reading: p3 active at 1000, p0 at 3000
+    missing_p3 = [m for m in log[:5] if m.producer != "p3"]  # a rebuild at entry 4 that missed p3's markers
+    rebuilt = apply_all(WatermarkState.initial(), missing_p3)
+    assert head.watermark == 1_000
+    assert rebuilt.watermark == 2_000  # premature for p3's messages between 1000 and 2000
+    assert not rebuilt_is_consistent(rebuilt, head)
+
+
+def test_a_rebuild_with_a_watermark_where_the_head_has_none_is_refused() -> None:
+    rebuilt = apply_all(WatermarkState.initial(), markers()[:1])
+    assert not rebuilt_is_consistent(rebuilt, WatermarkState.initial())
+    assert rebuilt_is_consistent(WatermarkState.initial(), WatermarkState.initial())
