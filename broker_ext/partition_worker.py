@@ -118,6 +118,11 @@ def rebuilt_is_consistent(rebuilt: WatermarkState, head: WatermarkState) -> bool
     return head.watermark is not None and rebuilt.watermark <= head.watermark
 
 
+def history_deleted(start: Position, first_read: Position, earliest_read: Position) -> bool:
+    """Whether a fold from the partition's start began after an entry we read before: its ledger is gone."""
+    return start == BEFORE_EVERYTHING and first_read > earliest_read
+
+
 def read_lag(stats: dict[str, Any], head: Position) -> int:
     """Entries between our read position and the partition's last entry, from its internal stats."""
     tail_ledger, tail_entry = parse_position(str(stats.get("lastConfirmedEntry", "-1:-1")))
@@ -153,6 +158,8 @@ class PartitionWorker:
         self._init_tail: tuple[int, int] | None = None
         self._init_start: tuple[int, int] | None = None
         self._init_first: Position | None = None
+        self._earliest_read: Position | None = None
+        """The earliest entry this worker ever read from the partition; entries before it may be deleted since."""
         self._init_snapshots: list[SnapshotRef] = []
         self._last_message: pulsar.Message | None = None
         self._messages_since_snapshot = 0
@@ -331,6 +338,7 @@ class PartitionWorker:
         self._init_tail = parse_position(stats.get("lastConfirmedEntry", "-1:-1"))
         self._init_start = normalized_mark_delete(stats, GENERATOR_SUBSCRIPTION)
         self._init_first = first
+        self._earliest_read = min(first, self._earliest_read or first)
         self._pending = []
         self._init_snapshots = []
         log.info("%s: owner now (instance %s); delivery starts at %s after cursor %s, looking for a snapshot",
@@ -569,7 +577,9 @@ class PartitionWorker:
                         ) from None
                     continue
                 position = message_position(message)
-                first = first or position
+                if first is None:
+                    first = position
+                    self._check_history_kept(start, first)
                 if position <= start:
                     continue
                 if position > stop_at:
@@ -585,6 +595,20 @@ class PartitionWorker:
                   self.topic, folded, start[:2], stop_at[:2], first and first[:2], last and last[:2],
                   state.watermark)  # fmt: skip
         return state
+
+    def _check_history_kept(self, start: Position, first: Position) -> None:
+        """A fold from the partition's start must begin at or before the earliest entry we ever read.
+
+        Without retention Pulsar deletes ledgers that every subscription has acknowledged, and a
+        reader from the start then silently begins after them: a state folded without their markers
+        can be premature (found by the chaos suite's restart stress, seed 7007).
+        """
+        if self._earliest_read is not None and history_deleted(start, first, self._earliest_read):
+            raise InconsistentFold(
+                f"the partition now starts at {first[:2]}, after {self._earliest_read[:2]} which we read earlier: "
+                "the ledgers before it were deleted (no retention), so the state there cannot be rebuilt; not "
+                "using it (set a retention policy on the namespace to keep that history)"
+            )
 
     # -- subscriptions -------------------------------------------------------------------------------
 

@@ -90,7 +90,7 @@ def run_many(
             )
             for violation in result.violations:
                 say(f"  VIOLATION {violation}  (reproduce: python -m tests.chaos --only {seed})")
-            for note in result.notes if verbose or result.violations else []:
+            for note in result.notes if verbose or result.violations else [n for n in result.notes if "kept" in n]:
                 say(f"  note: {note}")
         return result
 

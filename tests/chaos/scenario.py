@@ -408,8 +408,9 @@ class Scenario:
                 self.cluster.admin.delete_topic(self.topic)
             self.phases["teardown"] = time.monotonic() - closing
         self.notes.append("phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items()))
-        if self.violations:
-            self.notes.append(f"evidence kept in {self.keep_evidence()}")
+        refused = self.generator.log_text().count("not using it")
+        if self.violations or refused:
+            self.notes.append(f"evidence kept in {self.keep_evidence()} ({refused} rebuilt states refused)")
         return ScenarioResult(
             self.plan.seed, self.faults, self.violations, len(self.sent), recovery,
             time.monotonic() - started, self.notes,

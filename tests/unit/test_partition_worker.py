@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker_ext.partition_worker import rebuilt_is_consistent
+from broker_ext.partition_worker import BEFORE_EVERYTHING, history_deleted, rebuilt_is_consistent
 from watermark_core.protocol import Marker, MarkerKind, position_of
 from watermark_core.state import WatermarkState, apply_all
 
@@ -48,3 +48,11 @@ def test_a_rebuild_with_a_watermark_where_the_head_has_none_is_refused() -> None
     rebuilt = apply_all(WatermarkState.initial(), markers()[:1])
     assert not rebuilt_is_consistent(rebuilt, WatermarkState.initial())
     assert rebuilt_is_consistent(WatermarkState.initial(), WatermarkState.initial())
+
+
+def test_a_fold_from_the_start_that_begins_after_what_we_read_earlier_has_lost_history() -> None:
+    earliest_read = position_of(148, 0)
+    assert history_deleted(BEFORE_EVERYTHING, position_of(169, 0), earliest_read)  # ledger 148 was deleted
+    assert not history_deleted(BEFORE_EVERYTHING, position_of(148, 0), earliest_read)
+    assert not history_deleted(BEFORE_EVERYTHING, position_of(140, 3), earliest_read)
+    assert not history_deleted(position_of(169, 10), position_of(169, 11), earliest_read)  # not from the start
