@@ -222,6 +222,10 @@ class PulsarAdmin:
     def delete_topic(self, topic: str, force: bool = True) -> None:
         self._call("DELETE", TopicName.parse(topic).rest_path, params={"force": str(force).lower()})
 
+    def trim_topic(self, topic: str) -> None:
+        """Delete the ledgers that every subscription has acknowledged, now (as Pulsar does on its own)."""
+        self._call("POST", f"{TopicName.parse(topic).rest_path}/trim")
+
     def trigger_compaction(self, topic: str) -> None:
         self._call("PUT", f"{TopicName.parse(topic).rest_path}/compaction")
 

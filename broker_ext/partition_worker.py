@@ -159,6 +159,8 @@ class PartitionWorker:
         self._init_start: tuple[int, int] | None = None
         self._init_first: Position | None = None
         self._earliest_read: Position | None = None
+        self._ledger_starts: list[tuple[Position, WatermarkState]] = []
+        """Ledger-start states (see `_note_ledger_start`) not written as snapshots yet."""
         """The earliest entry this worker ever read from the partition; entries before it may be deleted since."""
         self._init_snapshots: list[SnapshotRef] = []
         self._last_message: pulsar.Message | None = None
@@ -291,6 +293,7 @@ class PartitionWorker:
             self._handle_during_init(marker or DataSeen(position, message.producer_name(), message.event_timestamp()))
             return
         assert self.log is not None
+        self._note_ledger_start(position)
         if marker is None:
             self.log.advance_head(position)
             self._check_data(DataSeen(position, message.producer_name(), message.event_timestamp()))
@@ -366,6 +369,7 @@ class PartitionWorker:
         for item in pending:
             if item.position <= after:
                 continue
+            self._note_ledger_start(item.position)
             if isinstance(item, Marker):
                 self._fold_head(item)
             else:
@@ -375,6 +379,7 @@ class PartitionWorker:
     def _restore(self, snapshot: SnapshotRef, marker: Marker) -> None:
         """Start from `snapshot`; fold what was read after its stated position."""
         self._start_from(WatermarkState.from_dict(snapshot.state, self.config.watermark_config), snapshot.at)
+        self._ledger_starts = []  # restoring from a ledger-start snapshot: it is written already
         self._pending = [item for item in self._pending or [] if item.position != marker.position]
         self._pending.append(marker)
         self._pending.sort(key=lambda item: item.position)
@@ -419,6 +424,7 @@ class PartitionWorker:
     def _start_from(self, state: WatermarkState, at: Position) -> None:
         self.head = state
         self.log = MarkerLog(state, at)
+        self._ledger_starts = [(at, state.advanced_to(at))] if at[1] == -1 else []
         self.trackers.clear()
         self._next_poll = 0.0
         self._next_discovery = 0.0
@@ -451,7 +457,44 @@ class PartitionWorker:
             self.snapshots.sort(key=lambda s: s.at)
             del self.snapshots[:-100]
 
+    def _note_ledger_start(self, position: Position) -> None:
+        """Reading enters a new ledger: keep the state before its first entry, to write as a snapshot.
+
+        Pulsar deletes whole ledgers (those every subscription has acknowledged, without retention),
+        and a reader then silently starts at the first ledger left. A snapshot stating `(ledger, -1)`
+        lands in that ledger or a later one and lives as long as it does, so the state at any
+        position still in the topic can be rebuilt exactly: from its ledger's start, reading only
+        that ledger. Folding from the topic's start instead would miss the deleted ledgers' markers.
+        """
+        assert self.log is not None
+        if position[0] > self.log.head_position[0]:
+            start: Position = (position[0], -1, LAST_BATCH_INDEX)
+            self._ledger_starts.append((start, self.head.advanced_to(start)))
+
+    def _write_ledger_starts(self) -> None:
+        """Write the pending ledger-start snapshots (no acknowledgement: they state earlier positions)."""
+        while self._ledger_starts:
+            at, state = self._ledger_starts[0]
+            previous = max((s.message for s in self.snapshots), default=None)
+            self._snapshot_producer_for().send(
+                encode_snapshot(state.to_dict(), previous), properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value}
+            )
+            self._ledger_starts.pop(0)
+            self.ctx.metrics.snapshots_written.labels(self.base_topic, str(self.partition)).inc()
+            log.debug("%s: wrote the snapshot of ledger %d's start (watermark %s)", self.topic, at[0], state.watermark)
+
+    def _snapshot_producer_for(self) -> pulsar.Producer:
+        if self._snapshot_producer is None:
+            self._snapshot_producer = self.ctx.client.create_producer(
+                self.topic,
+                producer_name=f"{SNAPSHOT_PRODUCER_PREFIX}{self.config.instance_id}",
+                batching_enabled=False,
+            )
+        return self._snapshot_producer
+
     def _maybe_snapshot(self) -> None:
+        if self.owner and self.log is not None:
+            self._write_ledger_starts()
         if not self.owner or self.log is None or self._last_message is None or self._messages_since_snapshot == 0:
             return
         due = (
@@ -464,16 +507,10 @@ class PartitionWorker:
     def write_snapshot(self) -> None:
         """Write the head state at the last read position, then let our cursor move up to it."""
         assert self.log is not None and self._last_message is not None and self._consumer is not None
-        if self._snapshot_producer is None:
-            self._snapshot_producer = self.ctx.client.create_producer(
-                self.topic,
-                producer_name=f"{SNAPSHOT_PRODUCER_PREFIX}{self.config.instance_id}",
-                batching_enabled=False,
-            )
         at = self.log.head_position
         previous = max((s.message for s in self.snapshots), default=None)
         payload = encode_snapshot(self.head.advanced_to(at).to_dict(), previous)
-        self._snapshot_producer.send(payload, properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value})
+        self._snapshot_producer_for().send(payload, properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value})
         self._consumer.acknowledge_cumulative(self._last_message)
         self._messages_since_snapshot = 0
         self._last_snapshot_at = time.monotonic()
@@ -510,17 +547,27 @@ class PartitionWorker:
             )
 
     def _snapshot_before(self, target: Position) -> SnapshotRef | None:
-        """The nearest snapshot stating a position at or before `target`, walking back the chain."""
+        """The nearest snapshot stating a position at or before `target`, walking the chain back.
+
+        Each snapshot names the one written before it (`previous`); the walk goes back from the
+        earliest written one we know until a snapshot states a position at or before `target`, or
+        the chain ends (the first snapshot, or one whose ledger was deleted).
+        """
+        known = list(self.snapshots)
+        visited: set[Position] = set()
         while True:
-            candidates = [s for s in self.snapshots if s.at <= target]
+            candidates = [s for s in known if s.at <= target]
             if candidates:
                 return max(candidates, key=lambda s: s.at)
-            oldest = min(self.snapshots, key=lambda s: s.at, default=None)
-            if oldest is None or oldest.previous is None:
+            earliest = min(known, key=lambda s: s.message, default=None)
+            if earliest is None or earliest.previous is None or earliest.previous in visited:
                 return None
-            marker = self._read_marker_at(oldest.previous)
-            if marker is None or self._snapshot_ref(marker) is None:
+            visited.add(earliest.previous)
+            marker = self._read_marker_at(earliest.previous)
+            ref = self._snapshot_ref(marker) if marker is not None else None
+            if marker is None or ref is None:
                 return None
+            known.append(ref)
             self._index_snapshot(marker)
 
     def _open_reader(self, start: Position | None, inclusive: bool) -> pulsar.Reader:
@@ -622,6 +669,7 @@ class PartitionWorker:
             log.info("%s: now owned by generator %s; dropping our state", self.topic, active)
             self.owner = False
             self.log = None
+            self._ledger_starts = []
             self._pending = None
             self.trackers.clear()
         self.durable_subscriptions = {

@@ -22,8 +22,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         kind = "unit" if (_HERE / "unit") in Path(str(item.fspath)).parents else "integration"
         item.add_marker(getattr(pytest.mark, kind))
-    # The fault-injection set restarts the session's broker: run it after everything else.
-    items.sort(key=lambda item: Path(str(item.fspath)).name == "test_chaos.py")
+    # These restart the session's broker: run them after everything else.
+    items.sort(key=lambda item: Path(str(item.fspath)).name in ("test_restarts.py", "test_chaos.py"))
 
 
 @pytest.fixture(scope="session")
