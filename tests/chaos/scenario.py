@@ -37,7 +37,7 @@ from tests.chaos.checker import (
 )
 from tests.chaos.plan import Fault, FaultKind, ProducerPlan, ScenarioPlan
 from tests.integration.generator_process import GeneratorProcess
-from watermark_core.protocol import decode_table, watermark_topic_for
+from tests.integration.helpers import recomputed_watermark, watermark_table_reader
 
 log = logging.getLogger(__name__)
 
@@ -336,22 +336,9 @@ class Scenario:
 
     def wait_recomputed(self, subscription: str, at_or_before: tuple[int, int], seq_cut: int) -> bool:
         """Wait for the generator to publish the subscription's watermark at its new, earlier position."""
-        reader = retried(
-            lambda: self.cluster.client.create_reader(watermark_topic_for(self.topic), pulsar.MessageId.earliest),
-            "reading the watermark table",
-        )
-        deadline = time.monotonic() + SEEK_RECOMPUTE_BOUND_S
+        reader = retried(lambda: watermark_table_reader(self.cluster.client, self.topic), "reading the watermark table")
         try:
-            while time.monotonic() < deadline:
-                try:
-                    message = reader.read_next(timeout_millis=200)
-                except pulsar.Timeout:
-                    continue
-                for event in decode_table(message.data()):
-                    recomputed = event.seq > seq_cut and tuple(event.position) <= at_or_before
-                    if event.subscription == subscription and recomputed:
-                        return True
-            return False
+            return recomputed_watermark(reader, subscription, at_or_before, seq_cut, SEEK_RECOMPUTE_BOUND_S) is not None
         finally:
             reader.close()
 

@@ -10,6 +10,7 @@ import pulsar
 
 from broker_ext.admin import PulsarAdmin
 from consumer import Watermark, WatermarkConsumer, WatermarkListener
+from watermark_core.protocol import decode_table, watermark_topic_for
 
 
 class Recorder(WatermarkListener):
@@ -58,3 +59,26 @@ def partition_backlogs(admin: PulsarAdmin, topic: str, partitions: int, subscrip
 def watermarks(recorder: Recorder) -> list[int]:
     with recorder.lock:
         return [int(value) for kind, value in recorder.events if kind == "wm"]  # type: ignore[call-overload]
+
+
+def recomputed_watermark(
+    reader: pulsar.Reader, subscription: str, at_or_before: tuple[int, int], after_us: int, within_s: float
+) -> int | None:
+    """The first watermark of `subscription` published after `after_us` (the generator's clock, in
+    microseconds) at a position at or before `at_or_before`, read from a reader of the companion
+    topic; None if none comes within `within_s`. What a seek back waits for."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            message = reader.read_next(timeout_millis=200)
+        except pulsar.Timeout:
+            continue
+        for event in decode_table(message.data()):
+            if event.subscription == subscription and event.seq > after_us and tuple(event.position) <= at_or_before:
+                return event.event_time
+    return None
+
+
+def watermark_table_reader(client: pulsar.Client, topic: str) -> pulsar.Reader:
+    """A reader of `topic`'s companion watermark topic from its start."""
+    return client.create_reader(watermark_topic_for(topic), pulsar.MessageId.earliest)

@@ -17,8 +17,7 @@ from broker_ext.admin import PulsarAdmin
 from producer import WatermarkProducer
 from tests.harness import RunningPulsar
 from tests.integration.generator_process import GeneratorProcess
-from tests.integration.helpers import wait_until
-from watermark_core.protocol import decode_table, watermark_topic_for
+from tests.integration.helpers import recomputed_watermark, wait_until, watermark_table_reader
 
 
 def drain(consumer: pulsar.Consumer) -> list[pulsar.MessageId]:
@@ -32,30 +31,6 @@ def drain(consumer: pulsar.Consumer) -> list[pulsar.MessageId]:
         consumer.acknowledge(message)
         if "wm.marker" not in message.properties():
             ids.append(message.message_id())
-
-
-def recomputed(
-    client: pulsar.Client, topic: str, subscription: str, at_or_before: tuple[int, int], after_us: int
-) -> int:
-    """The first watermark the generator publishes for `subscription` at or before a position, after a moment."""
-    reader = client.create_reader(watermark_topic_for(topic), pulsar.MessageId.earliest)
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            try:
-                message = reader.read_next(timeout_millis=500)
-            except pulsar.Timeout:
-                continue
-            for event in decode_table(message.data()):
-                if (
-                    event.subscription == subscription
-                    and event.seq > after_us
-                    and tuple(event.position) <= at_or_before
-                ):
-                    return event.event_time
-        raise AssertionError(f"no watermark of {subscription!r} recomputed at or before {at_or_before} within 60 s")
-    finally:
-        reader.close()
 
 
 def test_a_seek_after_deleted_ledgers_recomputes_the_watermark_with_their_markers(
@@ -104,7 +79,12 @@ def test_a_seek_after_deleted_ledgers_recomputes_the_watermark_with_their_marker
         consumer.seek(ids[0])
         consumer.close()
         target = (ids[0].ledger_id(), ids[0].entry_id())
-        assert recomputed(client, topic, "sub", target, seek_at) == 1_000, generator.log_text()[-3000:]
+        reader = watermark_table_reader(client, topic)
+        try:
+            watermark = recomputed_watermark(reader, "sub", target, seek_at, within_s=60)
+        finally:
+            reader.close()
+        assert watermark == 1_000, generator.log_text()[-3000:]
     finally:
         generator.kill()
         client.close()
