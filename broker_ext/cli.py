@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("urllib3").setLevel(logging.WARNING)  # one line per admin call is noise, even at DEBUG
     try:
         settings = PulsarSettings.from_env()
         checked_service_url(settings.service_url)

@@ -160,6 +160,8 @@ class PartitionWorker:
         self._init_first: Position | None = None
         self._earliest_read: Position | None = None
         self._ledger_starts: list[tuple[Position, WatermarkState]] = []
+        self._last_written: Position | None = None
+        """Where our latest snapshot landed: the next one names it as `previous`."""
         """Ledger-start states (see `_note_ledger_start`) not written as snapshots yet."""
         """The earliest entry this worker ever read from the partition; entries before it may be deleted since."""
         self._init_snapshots: list[SnapshotRef] = []
@@ -475,13 +477,19 @@ class PartitionWorker:
         """Write the pending ledger-start snapshots (no acknowledgement: they state earlier positions)."""
         while self._ledger_starts:
             at, state = self._ledger_starts[0]
-            previous = max((s.message for s in self.snapshots), default=None)
-            self._snapshot_producer_for().send(
-                encode_snapshot(state.to_dict(), previous), properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value}
-            )
+            self._send_snapshot(state)
             self._ledger_starts.pop(0)
             self.ctx.metrics.snapshots_written.labels(self.base_topic, str(self.partition)).inc()
             log.debug("%s: wrote the snapshot of ledger %d's start (watermark %s)", self.topic, at[0], state.watermark)
+
+    def _send_snapshot(self, state: WatermarkState) -> None:
+        """Write `state` as a W_SNAPSHOT naming the snapshot written before it, so the chain misses none."""
+        previous = max([s.message for s in self.snapshots] + ([self._last_written] if self._last_written else []),
+                       default=None)  # fmt: skip
+        message_id = self._snapshot_producer_for().send(
+            encode_snapshot(state.to_dict(), previous), properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value}
+        )
+        self._last_written = position_of(message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
 
     def _snapshot_producer_for(self) -> pulsar.Producer:
         if self._snapshot_producer is None:
@@ -508,9 +516,7 @@ class PartitionWorker:
         """Write the head state at the last read position, then let our cursor move up to it."""
         assert self.log is not None and self._last_message is not None and self._consumer is not None
         at = self.log.head_position
-        previous = max((s.message for s in self.snapshots), default=None)
-        payload = encode_snapshot(self.head.advanced_to(at).to_dict(), previous)
-        self._snapshot_producer_for().send(payload, properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value})
+        self._send_snapshot(self.head.advanced_to(at))
         self._consumer.acknowledge_cumulative(self._last_message)
         self._messages_since_snapshot = 0
         self._last_snapshot_at = time.monotonic()
@@ -627,6 +633,8 @@ class PartitionWorker:
                 if first is None:
                     first = position
                     self._check_history_kept(start, first)
+                    if start != BEFORE_EVERYTHING and first[0] != start[0]:
+                        self._check_ledger_kept(start)
                 if position <= start:
                     continue
                 if position > stop_at:
@@ -642,6 +650,18 @@ class PartitionWorker:
                   self.topic, folded, start[:2], stop_at[:2], first and first[:2], last and last[:2],
                   state.watermark)  # fmt: skip
         return state
+
+    def _check_ledger_kept(self, start: Position) -> None:
+        """A fold that leaves its start's ledger at once is exact only if that ledger still exists.
+
+        Then it simply ended at `start`. If it was deleted, entries after `start` may be gone with it.
+        """
+        ledgers = {int(info["ledgerId"]) for info in self.ctx.admin.internal_stats(self.topic).get("ledgers", [])}
+        if start[0] not in ledgers:
+            raise InconsistentFold(
+                f"rebuilding from the snapshot stating {start[:2]}: ledger {start[0]} was deleted, entries after that "
+                "position may be gone with it; not using it"
+            )
 
     def _check_history_kept(self, start: Position, first: Position) -> None:
         """A fold from the partition's start must begin at or before the earliest entry we ever read.
