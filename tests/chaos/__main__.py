@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -134,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting scenarios after this long")
     parser.add_argument("--record", action="store_true", help=f"write the summary to {RESULTS.relative_to(REPO)}")
     args = parser.parse_args(argv)
+    # `timeout`, `kill`: leave like Ctrl-C does, through the clean-up that stops the suite's broker
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.only is not None:
         seeds = [args.only]
