@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import signal
 import sys
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     logging.getLogger("urllib3").setLevel(logging.WARNING)  # one line per admin call is noise, even at DEBUG
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to stderr
     try:
         settings = PulsarSettings.from_env()
         checked_service_url(settings.service_url)

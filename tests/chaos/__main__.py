@@ -95,9 +95,12 @@ def run_many(
                 say(f"  note: {note}")
         return result
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="scenario") as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="scenario")
+    try:
         for future in [pool.submit(one, seed) for seed in seeds]:
             future.result()
+    finally:  # on SIGTERM or Ctrl-C: finish the running scenarios, start no more
+        pool.shutdown(wait=True, cancel_futures=True)
     if len(results) < len(seeds):
         say(f"time budget of {deadline_s:.0f} s spent; ran {len(results)} of {len(seeds)} scenarios")
     return sorted(results, key=lambda r: r.seed)

@@ -62,6 +62,11 @@ class GeneratorProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
 
+    def dump_stacks(self) -> None:
+        """Have the generator write every thread's stack to its log (SIGUSR1), to see where it waits."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGUSR1)
+
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
