@@ -160,9 +160,9 @@ class PartitionWorker:
         self._init_first: Position | None = None
         self._earliest_read: Position | None = None
         self._ledger_starts: list[tuple[Position, WatermarkState]] = []
+        """Ledger-start states (see `_note_ledger_start`) not written as snapshots yet."""
         self._last_written: Position | None = None
         """Where our latest snapshot landed: the next one names it as `previous`."""
-        """Ledger-start states (see `_note_ledger_start`) not written as snapshots yet."""
         """The earliest entry this worker ever read from the partition; entries before it may be deleted since."""
         self._init_snapshots: list[SnapshotRef] = []
         self._last_message: pulsar.Message | None = None
@@ -542,8 +542,8 @@ class PartitionWorker:
         """A state rebuilt for a position at or before our head can never have a higher watermark.
 
         The fold only moves the watermark up along the log, so such a state means the rebuild read
-        the log differently from our own reading (seen once after two broker restarts in a row, see
-        docs/RELIABILITY.md); publishing it could be premature, so it is refused and retried.
+        the log differently from our own reading, e.g. without the markers of a ledger Pulsar has
+        deleted since (docs/RELIABILITY.md); publishing it could be premature, so it is refused and retried.
         """
         head = self.head.watermark
         if not rebuilt_is_consistent(state, self.head):
