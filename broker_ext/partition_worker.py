@@ -159,11 +159,11 @@ class PartitionWorker:
         self._init_start: tuple[int, int] | None = None
         self._init_first: Position | None = None
         self._earliest_read: Position | None = None
+        """The earliest entry this worker ever read from the partition; entries before it may be deleted since."""
         self._ledger_starts: list[tuple[Position, WatermarkState]] = []
         """Ledger-start states (see `_note_ledger_start`) not written as snapshots yet."""
         self._last_written: Position | None = None
         """Where our latest snapshot landed: the next one names it as `previous`."""
-        """The earliest entry this worker ever read from the partition; entries before it may be deleted since."""
         self._init_snapshots: list[SnapshotRef] = []
         self._last_message: pulsar.Message | None = None
         self._messages_since_snapshot = 0
@@ -381,7 +381,6 @@ class PartitionWorker:
     def _restore(self, snapshot: SnapshotRef, marker: Marker) -> None:
         """Start from `snapshot`; fold what was read after its stated position."""
         self._start_from(WatermarkState.from_dict(snapshot.state, self.config.watermark_config), snapshot.at)
-        self._ledger_starts = []  # restoring from a ledger-start snapshot: it is written already
         self._pending = [item for item in self._pending or [] if item.position != marker.position]
         self._pending.append(marker)
         self._pending.sort(key=lambda item: item.position)
@@ -419,6 +418,8 @@ class PartitionWorker:
                 WatermarkState.initial(self.config.watermark_config), BEFORE_EVERYTHING, before_first
             )
             self._start_from(state, before_first)
+            if before_first[1] == -1:  # delivery starts at a ledger's first entry: that is a ledger start
+                self._ledger_starts.append((before_first, state.advanced_to(before_first)))
             self._replay_pending(before_first)
         if self._last_message is not None and self.log is not None:
             self.log.advance_head(message_position(self._last_message))
@@ -426,7 +427,7 @@ class PartitionWorker:
     def _start_from(self, state: WatermarkState, at: Position) -> None:
         self.head = state
         self.log = MarkerLog(state, at)
-        self._ledger_starts = [(at, state.advanced_to(at))] if at[1] == -1 else []
+        self._ledger_starts = []
         self.trackers.clear()
         self._next_poll = 0.0
         self._next_discovery = 0.0
@@ -479,7 +480,6 @@ class PartitionWorker:
             at, state = self._ledger_starts[0]
             self._send_snapshot(state)
             self._ledger_starts.pop(0)
-            self.ctx.metrics.snapshots_written.labels(self.base_topic, str(self.partition)).inc()
             log.debug("%s: wrote the snapshot of ledger %d's start (watermark %s)", self.topic, at[0], state.watermark)
 
     def _send_snapshot(self, state: WatermarkState) -> None:
@@ -490,6 +490,7 @@ class PartitionWorker:
             encode_snapshot(state.to_dict(), previous), properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value}
         )
         self._last_written = position_of(message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
+        self.ctx.metrics.snapshots_written.labels(self.base_topic, str(self.partition)).inc()
 
     def _snapshot_producer_for(self) -> pulsar.Producer:
         if self._snapshot_producer is None:
@@ -520,7 +521,6 @@ class PartitionWorker:
         self._consumer.acknowledge_cumulative(self._last_message)
         self._messages_since_snapshot = 0
         self._last_snapshot_at = time.monotonic()
-        self.ctx.metrics.snapshots_written.labels(self.base_topic, str(self.partition)).inc()
         self.ctx.metrics.last_snapshot.labels(self.base_topic, str(self.partition)).set(time.time())
         self.log.trim(min([t.applied_to for t in self.trackers.values()] + [at]))
 
@@ -632,9 +632,7 @@ class PartitionWorker:
                 position = message_position(message)
                 if first is None:
                     first = position
-                    self._check_history_kept(start, first)
-                    if start != BEFORE_EVERYTHING and first[0] != start[0]:
-                        self._check_ledger_kept(start)
+                    self._check_start_kept(start, first)
                 if position <= start:
                     continue
                 if position > stop_at:
@@ -651,31 +649,30 @@ class PartitionWorker:
                   state.watermark)  # fmt: skip
         return state
 
-    def _check_ledger_kept(self, start: Position) -> None:
-        """A fold that leaves its start's ledger at once is exact only if that ledger still exists.
-
-        Then it simply ended at `start`. If it was deleted, entries after `start` may be gone with it.
-        """
-        ledgers = {int(info["ledgerId"]) for info in self.ctx.admin.internal_stats(self.topic).get("ledgers", [])}
-        if start[0] not in ledgers:
-            raise InconsistentFold(
-                f"rebuilding from the snapshot stating {start[:2]}: ledger {start[0]} was deleted, entries after that "
-                "position may be gone with it; not using it"
-            )
-
-    def _check_history_kept(self, start: Position, first: Position) -> None:
-        """A fold from the partition's start must begin at or before the earliest entry we ever read.
+    def _check_start_kept(self, start: Position, first: Position) -> None:
+        """A fold is exact only if nothing between `start` and the first entry it read was deleted.
 
         Without retention Pulsar deletes ledgers that every subscription has acknowledged, and a
-        reader from the start then silently begins after them: a state folded without their markers
-        can be premature (found by the chaos suite's restart stress, seed 7007).
+        reader then silently begins after them: a state folded without their markers can be
+        premature (found by the chaos suite's restart stress, seed 7007). From the partition's start,
+        the fold must begin at or before the earliest entry we ever read; from a snapshot, a fold
+        that leaves the snapshot's ledger at once is exact only if that ledger still exists (then it
+        simply ended there).
         """
-        if self._earliest_read is not None and history_deleted(start, first, self._earliest_read):
-            raise InconsistentFold(
-                f"the partition now starts at {first[:2]}, after {self._earliest_read[:2]} which we read earlier: "
-                "the ledgers before it were deleted (no retention), so the state there cannot be rebuilt; not "
-                "using it (set a retention policy on the namespace to keep that history)"
-            )
+        if start == BEFORE_EVERYTHING:
+            if self._earliest_read is not None and history_deleted(start, first, self._earliest_read):
+                raise InconsistentFold(
+                    f"the partition now starts at {first[:2]}, after {self._earliest_read[:2]} which we read "
+                    "earlier: the ledgers before it were deleted (no retention), so the state there cannot be "
+                    "rebuilt; not using it (set a retention policy on the namespace to keep that history)"
+                )
+        elif first[0] != start[0]:
+            ledgers = {int(info["ledgerId"]) for info in self.ctx.admin.internal_stats(self.topic).get("ledgers", [])}
+            if start[0] not in ledgers:
+                raise InconsistentFold(
+                    f"rebuilding from the snapshot stating {start[:2]}: ledger {start[0]} was deleted, entries "
+                    "after that position may be gone with it; not using it"
+                )
 
     # -- subscriptions -------------------------------------------------------------------------------
 
