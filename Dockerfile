@@ -3,6 +3,7 @@ FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY watermark_core ./watermark_core
+COPY pulsar_access ./pulsar_access
 COPY broker_ext ./broker_ext
 COPY producer ./producer
 COPY consumer ./consumer

@@ -32,16 +32,16 @@ integration: $(STAMP)
 
 # AUTH=token: token authentication and authorization (docs/SECURITY.md); tokens in .cluster/auth/
 cluster-up: $(STAMP)
-	$(PY) -m broker_ext.local_cluster up $(if $(AUTH),--auth $(AUTH))
+	$(PY) -m devtools.local_cluster up $(if $(AUTH),--auth $(AUTH))
 
 cluster-down: $(STAMP)
-	$(PY) -m broker_ext.local_cluster down
+	$(PY) -m devtools.local_cluster down
 
 cluster-status: $(STAMP)
-	$(PY) -m broker_ext.local_cluster status
+	$(PY) -m devtools.local_cluster status
 
 demo: $(STAMP)
-	$(PY) -m spark_sink.demo
+	$(PY) -m demo
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench import client_throughput, generator, spark
 from bench.common import bench_cluster, say, write_results
-from broker_ext.local_cluster import PULSAR_VERSION
+from devtools.local_cluster import PULSAR_VERSION
 
 
 def main() -> None:

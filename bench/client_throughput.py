@@ -5,13 +5,14 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from functools import partial
 
 import pulsar
 
 from bench.common import median_ratio, say, timed
-from broker_ext.settings import PulsarSettings
 from consumer import WatermarkConsumer
 from producer import WatermarkProducer
+from pulsar_access.settings import PulsarSettings
 
 MESSAGES = 50_000
 PAYLOAD = b"x" * 100
@@ -48,7 +49,7 @@ def producer_ratio(client: pulsar.Client) -> float:
             producer = WatermarkProducer(
                 client, topic, keepalive_interval_ms=None, batching_enabled=True, block_if_queue_full=True
             )
-            rates[variant] = MESSAGES / timed(lambda p=producer, e=every: _produce(p, MESSAGES, e))
+            rates[variant] = MESSAGES / timed(partial(_produce, producer, MESSAGES, every))
             producer.close(idle=False)
         say(f"producer round {round_ + 1}: {rates['markers']:.0f} msg/s with markers, {rates['plain']:.0f} without")
         pairs.append((rates["markers"], rates["plain"]))

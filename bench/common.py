@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from broker_ext.local_cluster import LocalCluster, free_port
-from broker_ext.settings import PulsarSettings
+from devtools.local_cluster import LocalCluster, free_port
+from pulsar_access.settings import PulsarSettings
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 RESULTS = DOCS / "benchmarks.json"

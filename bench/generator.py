@@ -15,14 +15,15 @@ from pathlib import Path
 import pulsar
 
 from bench.common import say
-from broker_ext.admin import PulsarAdmin
 from broker_ext.config import GeneratorConfig
-from broker_ext.local_cluster import free_port
 from broker_ext.service import GeneratorService
-from broker_ext.settings import PulsarSettings
 from consumer.watermark_feed import WatermarkFeed
+from devtools.local_cluster import free_port
 from producer import WatermarkProducer
-from watermark_core.protocol import MARKER_PROPERTY, Watermark, watermark_topic_for
+from pulsar_access.admin import PulsarAdmin
+from pulsar_access.settings import PulsarSettings
+from pulsar_access.topics import watermark_topic_for
+from watermark_core.protocol import MARKER_PROPERTY, Watermark
 
 FAST_ENV = {"WM_POLL_INTERVAL_S": "0.05", "WM_IDLE_POLL_INTERVAL_S": "1", "WM_SNAPSHOT_INTERVAL_MESSAGES": "10000"}
 

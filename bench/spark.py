@@ -12,10 +12,10 @@ from typing import Any
 import pulsar
 
 from bench.common import say
-from broker_ext.admin import PulsarAdmin
-from broker_ext.settings import PulsarSettings
 from consumer.watermark_feed import WatermarkFeed
 from producer import WatermarkProducer
+from pulsar_access.admin import PulsarAdmin
+from pulsar_access.settings import PulsarSettings
 from watermark_core.protocol import Watermark
 
 BASE = 1_700_000_000_000

@@ -11,9 +11,9 @@ import threading
 from types import FrameType
 
 from broker_ext import config as generator_config
-from broker_ext.admin import AdminError
-from broker_ext.settings import PulsarSettings
-from watermark_core.errors import PulsarClientError, checked_admin_url, checked_service_url
+from pulsar_access.admin import AdminError
+from pulsar_access.errors import PulsarClientError, checked_admin_url, checked_service_url
+from pulsar_access.settings import PulsarSettings
 
 log = logging.getLogger("broker_ext")
 

@@ -14,14 +14,9 @@ import time
 
 import pulsar
 
-from broker_ext.admin import AdminError, PulsarAdmin
-from watermark_core.protocol import (
-    EVENT_PROPERTY,
-    WatermarkEvent,
-    encode_table,
-    table_key,
-    watermark_topic_for,
-)
+from pulsar_access.admin import AdminError, PulsarAdmin
+from pulsar_access.topics import watermark_topic_for
+from watermark_core.protocol import EVENT_PROPERTY, SEND_WATERMARK, WatermarkEvent, encode_table, table_key
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +54,7 @@ class WatermarkDispatcher:
         self._producer(companion).send(
             encode_table(table),
             partition_key=table_key(table[0].partition),
-            properties={EVENT_PROPERTY: "SendWatermark"},
+            properties={EVENT_PROPERTY: SEND_WATERMARK},
         )
         self._maybe_compact(companion)
 

@@ -17,36 +17,40 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pulsar
 
-from broker_ext.admin import AdminError, PulsarAdmin, TopicNotFound, parse_position
-from broker_ext.config import (
-    GENERATOR_SUBSCRIPTION,
-    INTERNAL_SUBSCRIPTIONS,
-    SNAPSHOT_PRODUCER_PREFIX,
-    GeneratorConfig,
-)
+from broker_ext.config import GeneratorConfig
 from broker_ext.dispatch import WatermarkDispatcher
 from broker_ext.marker_log import BeforeBase, MarkerLog, SubscriptionTracker
 from broker_ext.metrics import GeneratorMetrics
-from watermark_core.errors import explain
+from pulsar_access.admin import (
+    AdminError,
+    PulsarAdmin,
+    TopicNotFound,
+    durable_subscriptions,
+    last_confirmed_entry,
+    mark_delete_of,
+)
+from pulsar_access.errors import explain, service_url_of
+from pulsar_access.topics import base_topic_and_partition
 from watermark_core.protocol import (
+    GENERATOR_SUBSCRIPTION,
     LAST_BATCH_INDEX,
     MARKER_PROPERTY,
+    SNAPSHOT_PRODUCER_PREFIX,
     MalformedMarker,
     Marker,
     MarkerKind,
     Position,
     WatermarkEvent,
-    base_topic_and_partition,
     decode_marker,
-    encode_snapshot,
     entry_end,
     position_of,
 )
+from watermark_core.snapshot import Snapshot, decode_snapshot, encode_snapshot, is_generator_snapshot
 from watermark_core.state import WatermarkState, is_broken_assertion
 
 log = logging.getLogger(__name__)
@@ -59,16 +63,6 @@ FOLD_READ_LIMIT_S = 60.0
 
 class InconsistentFold(RuntimeError):
     """A state rebuilt from the log disagrees with what the generator read itself; it is not used."""
-
-
-@dataclass
-class SnapshotRef:
-    """Where a snapshot is (`message`) and what it states (`state` at position `at`)."""
-
-    at: Position
-    message: Position
-    previous: Position | None
-    state: dict[str, object] = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -89,14 +83,12 @@ class Context:
     config: GeneratorConfig
     dispatcher: WatermarkDispatcher
     metrics: GeneratorMetrics
-    settings_service_url: str | None = None
 
 
 def normalized_mark_delete(stats: dict[str, object], subscription: str) -> tuple[int, int]:
     """A cursor's mark-delete position, with Pulsar's "(next ledger, -1)" written as the last entry before it."""
     cursors = stats.get("cursors", {})
-    cursor = cursors.get(subscription, {}) if isinstance(cursors, dict) else {}
-    ledger, entry = parse_position(str(cursor.get("markDeletePosition", "-1:-1")))
+    ledger, entry = mark_delete_of(cursors.get(subscription, {}) if isinstance(cursors, dict) else {})
     if entry != -1:
         return ledger, entry
     ledgers = stats.get("ledgers", [])
@@ -125,7 +117,7 @@ def history_deleted(start: Position, first_read: Position, earliest_read: Positi
 
 def read_lag(stats: dict[str, Any], head: Position) -> int:
     """Entries between our read position and the partition's last entry, from its internal stats."""
-    tail_ledger, tail_entry = parse_position(str(stats.get("lastConfirmedEntry", "-1:-1")))
+    tail_ledger, tail_entry = last_confirmed_entry(stats)
     if tail_ledger == head[0]:
         return max(0, tail_entry - head[1])
     ledgers = {int(info["ledgerId"]): int(info.get("entries", 0)) for info in stats.get("ledgers", [])}
@@ -151,7 +143,7 @@ class PartitionWorker:
         self.head: WatermarkState = WatermarkState.initial(ctx.config.watermark_config)
         self.trackers: dict[str, SubscriptionTracker] = {}
         self.durable_subscriptions: set[str] = set()
-        self.snapshots: list[SnapshotRef] = []
+        self.snapshots: list[Snapshot] = []
         self.owner = False
         self.deleted = False
         self._pending: list[Marker | DataSeen] | None = None  # read while looking for the start snapshot
@@ -164,7 +156,7 @@ class PartitionWorker:
         """Ledger-start states (see `_note_ledger_start`) not written as snapshots yet."""
         self._last_written: Position | None = None
         """Where our latest snapshot landed: the next one names it as `previous`."""
-        self._init_snapshots: list[SnapshotRef] = []
+        self._init_snapshots: list[Snapshot] = []
         self._last_message: pulsar.Message | None = None
         self._messages_since_snapshot = 0
         self._last_snapshot_at = time.monotonic()
@@ -211,7 +203,8 @@ class PartitionWorker:
             except (AdminError, pulsar.PulsarException) as exc:
                 # A broker that went away: say once what is wrong and how to fix it, then retry quietly
                 # (the Pulsar client reconnects by itself; the state is kept and resumes where it was).
-                reason = explain(exc, service_url=self.ctx.settings_service_url, topic=self.topic, doing="read") or exc
+                url = service_url_of(self.ctx.client)
+                reason = explain(exc, service_url=url, topic=self.topic, doing="read") or exc
                 if not failing:
                     log.warning("%s: %s; retrying with a back-off up to %.0f s", self.topic, reason, MAX_BACKOFF_S)
                 else:
@@ -340,7 +333,7 @@ class PartitionWorker:
     def _begin_init(self, first: Position) -> None:
         """We were just made the owner: find the state at where our delivery starts."""
         stats = self.ctx.admin.internal_stats(self.topic)
-        self._init_tail = parse_position(stats.get("lastConfirmedEntry", "-1:-1"))
+        self._init_tail = last_confirmed_entry(stats)
         self._init_start = normalized_mark_delete(stats, GENERATOR_SUBSCRIPTION)
         self._init_first = first
         self._earliest_read = min(first, self._earliest_read or first)
@@ -354,7 +347,7 @@ class PartitionWorker:
     def _handle_during_init(self, item: Marker | DataSeen) -> None:
         assert self._pending is not None and self._init_start is not None
         if isinstance(item, Marker):
-            snapshot = self._snapshot_ref(item)
+            snapshot = self._trusted_snapshot(item)
             if snapshot is not None:
                 self._init_snapshots.append(snapshot)
                 if snapshot.at[:2] >= self._init_start:
@@ -378,9 +371,9 @@ class PartitionWorker:
                 self.log.advance_head(item.position)
                 self._check_data(item)
 
-    def _restore(self, snapshot: SnapshotRef, marker: Marker) -> None:
+    def _restore(self, snapshot: Snapshot, marker: Marker) -> None:
         """Start from `snapshot`; fold what was read after its stated position."""
-        self._start_from(WatermarkState.from_dict(snapshot.state, self.config.watermark_config), snapshot.at)
+        self._start_from(snapshot.state, snapshot.at)
         self._pending = [item for item in self._pending or [] if item.position != marker.position]
         self._pending.append(marker)
         self._pending.sort(key=lambda item: item.position)
@@ -434,27 +427,21 @@ class PartitionWorker:
 
     # -- snapshots -----------------------------------------------------------------------------------
 
-    def _snapshot_ref(self, marker: Marker) -> SnapshotRef | None:
+    def _trusted_snapshot(self, marker: Marker) -> Snapshot | None:
         """A generator's snapshot (others' W_SNAPSHOT records are never trusted)."""
-        if marker.kind is not MarkerKind.W_SNAPSHOT or not marker.producer.startswith(SNAPSHOT_PRODUCER_PREFIX):
-            return None
-        assert marker.state is not None
-        at = marker.state.get("position")
-        if not isinstance(at, list) or len(at) != 3:
-            log.warning("%s: snapshot at %s states no position; ignored", self.topic, marker.position)
+        if not is_generator_snapshot(marker):
             return None
         try:
-            WatermarkState.from_dict(marker.state, self.config.watermark_config)
+            return decode_snapshot(marker, self.config.watermark_config)
         except MalformedMarker as exc:  # e.g. written by an incompatible version: never fatal, just not used
             self.ctx.metrics.malformed_markers.labels(self.base_topic, str(self.partition), exc.reason).inc()
             if exc.reason not in self._malformed_logged:
                 self._malformed_logged.add(exc.reason)
                 log.warning("%s: skipping unusable snapshot at %s: %s", self.topic, marker.position, exc)
             return None
-        return SnapshotRef((int(at[0]), int(at[1]), int(at[2])), marker.position, marker.previous, marker.state)
 
     def _index_snapshot(self, marker: Marker) -> None:
-        ref = self._snapshot_ref(marker)
+        ref = self._trusted_snapshot(marker)
         if ref is not None and all(s.message != ref.message for s in self.snapshots):
             self.snapshots.append(ref)
             self.snapshots.sort(key=lambda s: s.at)
@@ -487,7 +474,7 @@ class PartitionWorker:
         previous = max([s.message for s in self.snapshots] + ([self._last_written] if self._last_written else []),
                        default=None)  # fmt: skip
         message_id = self._snapshot_producer_for().send(
-            encode_snapshot(state.to_dict(), previous), properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value}
+            encode_snapshot(state, previous), properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value}
         )
         self._last_written = position_of(message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
         self.ctx.metrics.snapshots_written.labels(self.base_topic, str(self.partition)).inc()
@@ -533,7 +520,7 @@ class PartitionWorker:
         if snapshot is None:
             state, start = WatermarkState.initial(self.config.watermark_config), BEFORE_EVERYTHING
         else:
-            state, start = WatermarkState.from_dict(snapshot.state, self.config.watermark_config), snapshot.at
+            state, start = snapshot.state, snapshot.at
         state = self._replay(state, start, target)
         self._check_not_above_head(state, start, target)
         return state
@@ -552,7 +539,7 @@ class PartitionWorker:
                 f"watermark {head} at our head {self._head_position}; not using it"
             )
 
-    def _snapshot_before(self, target: Position) -> SnapshotRef | None:
+    def _snapshot_before(self, target: Position) -> Snapshot | None:
         """The nearest snapshot stating a position at or before `target`, walking the chain back.
 
         Each snapshot names the one written before it (`previous`); the walk goes back from the
@@ -570,7 +557,7 @@ class PartitionWorker:
                 return None
             visited.add(earliest.previous)
             marker = self._read_marker_at(earliest.previous)
-            ref = self._snapshot_ref(marker) if marker is not None else None
+            ref = self._trusted_snapshot(marker) if marker is not None else None
             if marker is None or ref is None:
                 return None
             known.append(ref)
@@ -689,10 +676,7 @@ class PartitionWorker:
             self._ledger_starts = []
             self._pending = None
             self.trackers.clear()
-        self.durable_subscriptions = {
-            name for name, sub in subscriptions.items()
-            if sub.get("isDurable", True) and name not in INTERNAL_SUBSCRIPTIONS
-        }  # fmt: skip
+        self.durable_subscriptions = durable_subscriptions(stats)
         for name in list(self.trackers):
             if name not in self.durable_subscriptions:
                 log.info("%s: subscription %r removed", self.topic, name)
@@ -719,7 +703,7 @@ class PartitionWorker:
             cursor = cursors.get(name)
             if cursor is None:
                 continue
-            mark_delete = entry_end(*parse_position(cursor["markDeletePosition"]))
+            mark_delete = entry_end(*mark_delete_of(cursor))
             tracker = self.trackers.get(name)
             if tracker is None:
                 at = min(mark_delete, self.log.head_position)
@@ -785,23 +769,3 @@ class PartitionWorker:
                 self.ctx.metrics.record_watermark(
                     self.base_topic, self.partition, tracker.name, tracker.state.watermark
                 )
-
-    # -- status --------------------------------------------------------------------------------------
-
-    def describe(self) -> dict[str, object]:
-        """What `broker-ext status` shows for this partition."""
-        return {
-            "topic": self.topic,
-            "owner": self.owner,
-            "head": self._head_position,
-            "subscriptions": {
-                name: {
-                    "mark_delete": t.mark_delete[:2],
-                    "watermark": t.state.watermark,
-                    "active": t.state.active_producers(),
-                    "idle": sorted(t.state.idle_producers()),
-                    "pending": len(t.state.pending()),
-                }
-                for name, t in self.trackers.items()
-            },
-        }

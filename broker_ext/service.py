@@ -9,13 +9,13 @@ import time
 
 import pulsar
 
-from broker_ext.admin import AdminError, PulsarAdmin, TopicName, TopicNotFound
 from broker_ext.config import GeneratorConfig
 from broker_ext.dispatch import WatermarkDispatcher
 from broker_ext.metrics import GeneratorMetrics
 from broker_ext.partition_worker import Context, PartitionWorker
-from broker_ext.settings import PulsarSettings
-from watermark_core.protocol import is_watermark_topic
+from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound
+from pulsar_access.settings import PulsarSettings
+from pulsar_access.topics import TopicName, full_name, is_watermark_topic, partition_names
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class GeneratorService:
         self.admin = PulsarAdmin(self.settings)
         self.metrics = GeneratorMetrics()
         self.dispatcher = WatermarkDispatcher(self.client, self.admin, config.instance_id)
-        self.ctx = Context(self.client, self.admin, config, self.dispatcher, self.metrics, self.settings.service_url)
+        self.ctx = Context(self.client, self.admin, config, self.dispatcher, self.metrics)
         self.workers: dict[str, PartitionWorker] = {}
         self._stop = threading.Event()
         self._metrics_started = False
@@ -53,7 +53,7 @@ class GeneratorService:
         for namespace in self.config.namespaces:
             found.update(self.admin.list_topics(namespace))
         for topic in self.config.topics:
-            name = TopicName.parse(topic).full
+            name = full_name(topic)
             try:
                 partitions = self.admin.partitions(name)
             except TopicNotFound:
@@ -64,7 +64,7 @@ class GeneratorService:
                                 "created (check the name if it never is)", name, self.settings.admin_url)  # fmt: skip
                 continue
             self._missing_topics.discard(name)
-            found.update(f"{name}-partition-{i}" for i in range(partitions)) if partitions else found.add(name)
+            found.update(partition_names(name, partitions))
         return {t for t in found if is_followable(t)}
 
     def sync_workers(self) -> None:

@@ -10,11 +10,11 @@ import time
 
 import pulsar
 
-from broker_ext.admin import AdminError, PulsarAdmin, TopicName, TopicNotFound
-from broker_ext.config import INTERNAL_SUBSCRIPTIONS
-from broker_ext.settings import PulsarSettings
-from watermark_core.errors import explained
-from watermark_core.protocol import MalformedMarker, WatermarkEvent, decode_table, watermark_topic_for
+from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound, durable_subscriptions
+from pulsar_access.errors import explained
+from pulsar_access.settings import PulsarSettings
+from pulsar_access.topics import full_name, partition_name, watermark_topic_for
+from watermark_core.protocol import MalformedMarker, WatermarkEvent, decode_table
 
 
 def latest_events(client: pulsar.Client, topic: str, timeout_s: float = 10.0) -> dict[tuple[int, str], WatermarkEvent]:
@@ -36,13 +36,13 @@ def latest_events(client: pulsar.Client, topic: str, timeout_s: float = 10.0) ->
 
 
 def status_rows(settings: PulsarSettings, topic: str) -> list[dict[str, str]]:
-    name = TopicName.parse(topic).full
+    name = full_name(topic)
     admin = PulsarAdmin(settings)
     client = settings.client(operation_timeout_seconds=10)  # interactive: a broker that is away fails in 10 s
     try:
         try:
             partitions = admin.partitions(name)
-            partition_topics = [(i, f"{name}-partition-{i}") for i in range(partitions)] if partitions else [(-1, name)]
+            partition_topics = [(i, partition_name(name, i)) for i in range(partitions)] if partitions else [(-1, name)]
             stats = {index: (admin.internal_stats(t), admin.topic_stats(t)) for index, t in partition_topics}
         except TopicNotFound:
             raise AdminError(
@@ -55,11 +55,7 @@ def status_rows(settings: PulsarSettings, topic: str) -> list[dict[str, str]]:
         for index, _ in partition_topics:
             internal, public = stats[index]
             cursors = internal.get("cursors", {})
-            durable = {
-                sub for sub, info in public.get("subscriptions", {}).items()
-                if info.get("isDurable", True) and sub not in INTERNAL_SUBSCRIPTIONS
-            }  # fmt: skip
-            for sub in sorted(durable):
+            for sub in sorted(durable_subscriptions(public)):
                 event = events.get((index, sub))
                 rows.append({
                     "partition": str(index),

@@ -20,14 +20,8 @@ import pulsar
 
 from consumer.listener import WatermarkListener
 from consumer.watermark_feed import WatermarkFeed
-from watermark_core.errors import explained, service_url_of
-from watermark_core.protocol import (
-    MARKER_PROPERTY,
-    MalformedMarker,
-    Watermark,
-    decode_marker,
-    position_of,
-)
+from pulsar_access.errors import explained, service_url_of
+from watermark_core.protocol import MARKER_PROPERTY, MalformedMarker, Watermark, decode_marker, position_of
 
 log = logging.getLogger(__name__)
 

@@ -15,14 +15,8 @@ from collections.abc import Callable
 
 import pulsar
 
-from watermark_core.protocol import (
-    MalformedMarker,
-    Watermark,
-    WatermarkEvent,
-    base_topic_and_partition,
-    decode_table,
-    watermark_topic_for,
-)
+from pulsar_access.topics import base_topic_and_partition, watermark_topic_for
+from watermark_core.protocol import MalformedMarker, Watermark, WatermarkEvent, decode_table
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +50,6 @@ class WatermarkFeed:
         self._per_partition: dict[int, int | None] = {}
         self._current: Watermark | None = None
         self._lock = threading.Lock()
-        self.events_seen = 0
         self.malformed_events = 0
         self._reader = client.create_reader(
             watermark_topic_for(topic), pulsar.MessageId.earliest, is_read_compacted=True
@@ -124,7 +117,6 @@ class WatermarkFeed:
         if event.partition not in self._partitions:
             return
         with self._lock:
-            self.events_seen += 1
             self._per_partition[event.partition] = event.event_time
             times = [self._per_partition.get(p) for p in self._partitions]
             if any(t is None for t in times):

@@ -18,7 +18,8 @@ from typing import Any
 import pulsar
 
 from producer.routing import TARGET_PARTITION_PROPERTY, MarkerAwareRouter
-from watermark_core.errors import explained, service_url_of
+from pulsar_access.errors import explained, service_url_of
+from pulsar_access.topics import full_name
 from watermark_core.protocol import (
     MARKER_PROPERTY,
     MarkerKind,
@@ -153,7 +154,7 @@ class WatermarkProducer:
         with explained(service_url=service_url_of(client), topic=topic, doing="create a producer on"):
             partitions = client.get_topic_partitions(topic)
             self._partitions = len(partitions)
-            self._is_partitioned = partitions != [_full(topic)]
+            self._is_partitioned = partitions != [full_name(topic)]
             if self._is_partitioned:
                 producer_options["message_router"] = MarkerAwareRouter(producer_options.get("message_router"))
             self._producer = client.create_producer(topic, producer_name=producer_name, **producer_options)
@@ -315,10 +316,3 @@ def _positive_ms(value: int | None, name: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive number of milliseconds or None, got {value!r}")
     return value / 1000
-
-
-def _full(topic: str) -> str:
-    """Pulsar's full name: "x" is persistent://public/default/x, "t/n/x" is persistent://t/n/x."""
-    if "://" in topic:
-        return topic
-    return f"persistent://{topic}" if topic.count("/") == 2 else f"persistent://public/default/{topic}"

@@ -28,8 +28,8 @@ class Written(WriterCommitMessage):
 
 class SinkOptions:
     def __init__(self, options: Any) -> None:
-        from broker_ext.settings import PulsarSettings
-        from watermark_core.errors import checked_admin_url, checked_service_url
+        from pulsar_access.errors import checked_admin_url, checked_service_url
+        from pulsar_access.settings import PulsarSettings
 
         topic = options.get("topic")
         if not topic:
@@ -45,7 +45,7 @@ class SinkOptions:
         self.producer_name = str(options.get("producerName") or _stable_name(self.checkpoint, self.topic))
 
     def settings(self) -> Any:
-        from broker_ext.settings import PulsarSettings
+        from pulsar_access.settings import PulsarSettings
 
         return PulsarSettings(self.service_url, self.admin_url, self.auth_token)
 
@@ -82,7 +82,7 @@ class PulsarStreamWriter(DataSourceStreamWriter):
 
     def write(self, iterator: Iterator[Any]) -> Written:
         """Executor: send this task's rows and wait until Pulsar has them."""
-        from watermark_core.errors import explained
+        from pulsar_access.errors import explained
 
         client = self.options.settings().client()
         try:

@@ -21,6 +21,8 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
+from pulsar_access.topics import full_name, partition_name
+
 SCHEMA = (
     "key string, value binary, event_time timestamp, publish_time timestamp, topic string, partition int, "
     "message_id string, properties map<string,string>, is_watermark boolean"
@@ -52,7 +54,7 @@ class SourceOptions:
     """The options a Spark user passes, checked once with errors that name the fix."""
 
     def __init__(self, options: Any) -> None:
-        from watermark_core.errors import checked_admin_url, checked_service_url
+        from pulsar_access.errors import checked_admin_url, checked_service_url
 
         check_option_names(options, SOURCE_OPTIONS)
 
@@ -67,7 +69,7 @@ class SourceOptions:
             raise ValueError("option 'subscription' is required: .option('subscription', 'my-spark-job')")
         self.topic: str = topic
         self.subscription: str = subscription
-        from broker_ext.settings import PulsarSettings
+        from pulsar_access.settings import PulsarSettings
 
         env = PulsarSettings.from_env()
         self.service_url = get("serviceUrl", env.service_url) or env.service_url
@@ -91,7 +93,7 @@ class SourceOptions:
         self.watermarks_only = (get("watermarksOnly", "false") or "false").lower() == "true"
 
     def settings(self) -> Any:
-        from broker_ext.settings import PulsarSettings
+        from pulsar_access.settings import PulsarSettings
 
         return PulsarSettings(self.service_url, self.admin_url, self.auth_token)
 
@@ -201,20 +203,15 @@ def _capped(starts: dict[str, Any], ends: dict[str, Any], max_entries: int) -> d
     return capped
 
 
-def _partition_topic(topic: str, partition: int) -> str:
-    return topic if partition < 0 else f"{topic}-partition-{partition}"
-
-
 def _read_range(options: SourceOptions, part: TopicRange) -> Iterator[tuple[Any, ...]]:
     """Executor: the data messages of one partition in (start, end], markers hidden."""
     import pulsar
 
-    from broker_ext.admin import TopicName
-    from watermark_core.errors import explained
+    from pulsar_access.errors import explained
     from watermark_core.protocol import MARKER_PROPERTY
 
-    topic = TopicName.parse(options.topic).full
-    name = _partition_topic(topic, part.partition)
+    topic = full_name(options.topic)
+    name = partition_name(topic, part.partition)
     client = options.settings().client()
     start_id = (
         pulsar.MessageId.earliest if part.start is None else pulsar.MessageId(-1, part.start[0], part.start[1], -1)
@@ -267,10 +264,10 @@ class _DriverState:
     """Long-lived on Spark's driver-side Python worker: admin, watermark feed, acknowledging consumers."""
 
     def __init__(self, options: SourceOptions) -> None:
-        from broker_ext.admin import PulsarAdmin, TopicName, TopicNotFound
+        from pulsar_access.admin import PulsarAdmin, TopicNotFound
 
         self.options = options
-        self.topic = TopicName.parse(options.topic).full
+        self.topic = full_name(options.topic)
         self.settings = options.settings()
         self.admin = PulsarAdmin(self.settings)
         try:
@@ -290,14 +287,14 @@ class _DriverState:
         """A consumer per partition that only acknowledges (and so creates the subscription)."""
         import pulsar
 
-        from watermark_core.errors import explained
+        from pulsar_access.errors import explained
 
         if partition not in self._consumers:
             initial = (
                 pulsar.InitialPosition.Earliest if self.options.starting_position == "earliest"
                 else pulsar.InitialPosition.Latest
             )  # fmt: skip
-            name = _partition_topic(self.topic, partition)
+            name = partition_name(self.topic, partition)
             with explained(service_url=self.options.service_url, topic=name, doing="subscribe to"):
                 self._consumers[partition] = self.client.subscribe(
                     name, self.options.subscription,
@@ -316,8 +313,9 @@ class _DriverState:
         """Each partition's last entry: the end of the next batch."""
         ends: dict[str, list[int] | None] = {}
         for partition in self.partition_indexes:
-            stats = self.admin.internal_stats(_partition_topic(self.topic, partition))
-            ledger, entry = (int(x) for x in str(stats.get("lastConfirmedEntry", "-1:-1")).split(":"))
+            from pulsar_access.admin import last_confirmed_entry
+
+            ledger, entry = last_confirmed_entry(self.admin.internal_stats(partition_name(self.topic, partition)))
             ends[str(partition)] = [ledger, entry] if entry >= 0 else None
         return ends
 
@@ -325,7 +323,7 @@ class _DriverState:
         """The subscription's broker watermark (minimum over partitions), from the generator."""
         if self._feed is None:
             from consumer.watermark_feed import WatermarkFeed
-            from watermark_core.errors import explained
+            from pulsar_access.errors import explained
 
             for partition in self.partition_indexes:
                 self._subscription_consumer(partition)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from broker_ext.admin import PulsarAdmin
-from broker_ext.settings import PulsarSettings
+from pulsar_access.admin import PulsarAdmin
+from pulsar_access.settings import PulsarSettings
 from tests.harness import RunningPulsar, real_pulsar
 from tests.integration.generator_process import GeneratorProcess
 

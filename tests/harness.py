@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker_ext.local_cluster import PULSAR_VERSION, LocalCluster, free_port, wait_for_admin
-from broker_ext.settings import PulsarSettings
+from devtools.local_cluster import PULSAR_VERSION, LocalCluster, free_port, wait_for_admin
+from pulsar_access.settings import PulsarSettings
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ message can be counted and skipped and never stops a component.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -26,6 +25,13 @@ Position = tuple[int, int, int]
 """(ledger_id, entry_id, batch_index) inside ONE topic partition; batch_index is -1 when not batched."""
 
 LAST_BATCH_INDEX = 2**31 - 1
+
+GENERATOR_SUBSCRIPTION = "__wm_generator"
+"""The generator's own durable Failover subscription on every partition it follows."""
+INTERNAL_SUBSCRIPTIONS = frozenset({GENERATOR_SUBSCRIPTION, "__compaction"})
+"""Subscriptions that are not an application's: the generator follows no watermark for them."""
+SNAPSHOT_PRODUCER_PREFIX = "__wm_generator-"
+"""The producer names under which generators write W_SNAPSHOT records."""
 
 
 class MarkerKind(StrEnum):
@@ -61,9 +67,8 @@ class Watermark:
 class Marker:
     """A decoded marker at its place in the log.
 
-    `event_time` is set for W_SET, `txn` for transactional markers, `state` (the dict of
-    `WatermarkState.to_dict`) and `previous` (where the previous snapshot is, if any) for
-    W_SNAPSHOT only.
+    `event_time` is set for W_SET, `txn` for transactional markers, `body` (the payload map, read
+    by `watermark_core.snapshot.decode_snapshot`) for W_SNAPSHOT only.
     """
 
     kind: MarkerKind
@@ -72,8 +77,7 @@ class Marker:
     publish_time: int
     event_time: int | None = None
     txn: str | None = None
-    state: dict[str, Any] | None = None
-    previous: Position | None = None
+    body: Mapping[str, Any] | None = None
 
 
 def position_of(ledger: int, entry: int, batch: int = -1) -> Position:
@@ -104,7 +108,8 @@ def _check_txn(txn: object) -> str:
     return txn
 
 
-def _pack(body: Mapping[str, Any]) -> bytes:
+def pack(body: Mapping[str, Any]) -> bytes:
+    """A versioned msgpack map: every payload of the protocol."""
     try:
         return bytes(msgpack.packb({"v": PROTOCOL_VERSION, **body}, use_bin_type=True))
     except (TypeError, ValueError, OverflowError) as exc:
@@ -116,36 +121,22 @@ def encode_set(event_time: int, txn: str | None = None) -> bytes:
     body: dict[str, Any] = {"event_time": _check_event_time(event_time)}
     if txn is not None:
         body["txn"] = _check_txn(txn)
-    return _pack(body)
+    return pack(body)
 
 
 def encode_idle(txn: str | None = None) -> bytes:
     """W_IDLE: the sender stops holding the watermark back until its next W_SET."""
-    return _pack({} if txn is None else {"txn": _check_txn(txn)})
+    return pack({} if txn is None else {"txn": _check_txn(txn)})
 
 
 def encode_txn_commit(txn: str) -> bytes:
     """W_TXN_COMMIT: the transaction's pending marker takes effect here."""
-    return _pack({"txn": _check_txn(txn)})
+    return pack({"txn": _check_txn(txn)})
 
 
 def encode_txn_abort(txn: str) -> bytes:
     """W_TXN_ABORT: the transaction's pending marker is discarded."""
-    return _pack({"txn": _check_txn(txn)})
-
-
-def encode_snapshot(state: Mapping[str, Any], previous: Position | None = None) -> bytes:
-    """W_SNAPSHOT: the generator's record of `WatermarkState.to_dict()`, so nobody replays from the start.
-
-    `previous` is the position of the generator's previous snapshot on the partition: the snapshots
-    form a chain that a reader can walk back to the nearest one before any position.
-    """
-    if not isinstance(state, Mapping):
-        raise ValueError(f"a snapshot carries WatermarkState.to_dict(), got {type(state).__name__}")
-    body: dict[str, Any] = {"state": dict(state)}
-    if previous is not None:
-        body["previous"] = list(previous)
-    return _pack(body)
+    return pack({"txn": _check_txn(txn)})
 
 
 # -- decoding ------------------------------------------------------------------------------------------
@@ -190,24 +181,6 @@ def _txn_field(body: Mapping[str, Any], *, required: bool) -> str | None:
     return value
 
 
-def _state_field(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The snapshot's state map; its content is checked by `WatermarkState.from_dict` ("bad-snapshot")."""
-    value = body.get("state")
-    if not isinstance(value, dict):
-        raise MalformedMarker("bad-field", f"a snapshot needs a 'state' map, got {type(value).__name__}")
-    return value
-
-
-def _previous_field(body: Mapping[str, Any]) -> Position | None:
-    """The optional position of the previous snapshot (absent in the chain's first one)."""
-    value = body.get("previous")
-    if value is None:
-        return None
-    if not isinstance(value, list) or len(value) != 3 or not all(_is_int(v) for v in value):
-        raise MalformedMarker("bad-field", f"a snapshot's 'previous' must be [ledger, entry, batch], got {value!r}")
-    return (value[0], value[1], value[2])
-
-
 def decode_marker(
     properties: Mapping[str, str], payload: bytes, producer: str, position: Position, publish_time: int
 ) -> Marker | None:
@@ -228,49 +201,15 @@ def decode_marker(
     if kind is MarkerKind.W_IDLE:
         return Marker(kind, *at, txn=_txn_field(body, required=False))
     if kind is MarkerKind.W_SNAPSHOT:
-        return Marker(kind, *at, state=_state_field(body), previous=_previous_field(body))
+        return Marker(kind, *at, body=body)
     return Marker(kind, *at, txn=_txn_field(body, required=True))
 
 
 # -- SendWatermark events on the companion topic -------------------------------------------------------
 
-WATERMARK_TOPIC_SUFFIX = "__watermarks"
 EVENT_PROPERTY = "wm.event"
 SEND_WATERMARK = "SendWatermark"
 """The value of `EVENT_PROPERTY` on the generator's events."""
-
-_PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
-
-
-def _full_name(topic: str) -> str:
-    """Pulsar's own rule: "x" is persistent://public/default/x, "t/n/x" is persistent://t/n/x."""
-    if "://" in topic:
-        return topic
-    parts = topic.split("/")
-    if len(parts) == 1 and topic:
-        return f"persistent://public/default/{topic}"
-    if len(parts) == 3 and all(parts):
-        return f"persistent://{topic}"
-    raise ValueError(f"{topic!r} is not a topic name; use 'name', 'tenant/namespace/name' or a full name")
-
-
-def base_topic_and_partition(topic: str) -> tuple[str, int]:
-    """(full base topic name, partition index), the index -1 for a topic that is not a partition."""
-    full = _full_name(topic)
-    match = _PARTITION_SUFFIX.search(full)
-    if match is None:
-        return full, -1
-    return full[: match.start()], int(match.group(1))
-
-
-def watermark_topic_for(topic: str) -> str:
-    """The companion topic where the generator publishes a topic's watermarks (one for all partitions)."""
-    return base_topic_and_partition(topic)[0] + WATERMARK_TOPIC_SUFFIX
-
-
-def is_watermark_topic(topic: str) -> bool:
-    """Whether `topic` is a companion topic (the generator must not follow those)."""
-    return base_topic_and_partition(topic)[0].endswith(WATERMARK_TOPIC_SUFFIX)
 
 
 def table_key(partition: int) -> str:
@@ -322,7 +261,7 @@ def _event_body(event: WatermarkEvent) -> dict[str, Any]:
 
 def encode_event(event: WatermarkEvent) -> bytes:
     """One event on its own (the building block of a table)."""
-    return _pack(_event_body(event))
+    return pack(_event_body(event))
 
 
 def decode_event(payload: bytes) -> WatermarkEvent:
@@ -338,7 +277,7 @@ def encode_table(events: Sequence[WatermarkEvent]) -> bytes:
     """
     if not events:
         raise ValueError("a watermark table needs at least one event")
-    return _pack({"events": [_event_body(event) for event in events]})
+    return pack({"events": [_event_body(event) for event in events]})
 
 
 def decode_table(payload: bytes) -> list[WatermarkEvent]:

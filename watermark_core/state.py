@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from watermark_core.protocol import EVENT_TIME_LIMIT, PROTOCOL_VERSION, MalformedMarker, Marker, MarkerKind, Position
+from watermark_core.protocol import Marker, MarkerKind, Position
 
 PendingKey = tuple[str, str]
 """(producer, txn): a transaction id belongs to the producer that sent it."""
@@ -152,53 +152,6 @@ class WatermarkState:
     def _expired(self, record: ProducerRecord) -> bool:
         return self.clock is not None and _is_expired(record, self.clock, self.config.producer_timeout_ms)
 
-    # -- snapshot and restore ------------------------------------------------------------------------
-
-    def to_dict(self) -> dict[str, Any]:
-        """A msgpack-able value that `from_dict` turns back into an equal state (the W_SNAPSHOT payload)."""
-        return {
-            "v": PROTOCOL_VERSION,
-            "config": {
-                "producer_timeout_ms": self.config.producer_timeout_ms,
-                "txn_timeout_ms": self.config.txn_timeout_ms,
-            },
-            "position": None if self.position is None else list(self.position),
-            "clock": self.clock,
-            "watermark": self.watermark,
-            "producers": {
-                name: {"event_time": r.event_time, "idle": r.idle, "last_seen": r.last_seen}
-                for name, r in sorted(self.producers.items())
-            },
-            "pending": [
-                {"producer": p, "txn": t, "kind": m.kind.value, "event_time": m.event_time, "started": m.started}
-                for (p, t), m in sorted(self.pending_txns.items())
-            ],
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], config: WatermarkConfig | None = None) -> WatermarkState:
-        """Restore `to_dict()`; MalformedMarker("bad-snapshot") for anything that is not one.
-
-        `config`, when given, replaces the recorded one: the state so far was computed with the
-        recorded configuration, the markers after it are folded with `config`.
-        """
-        if not isinstance(data, Mapping):
-            raise _bad(f"a snapshot state is a map, got {type(data).__name__}")
-        version = _need(data, "v")
-        if isinstance(version, bool) or version != PROTOCOL_VERSION:
-            raise _bad(f"snapshot version {version!r} is not {PROTOCOL_VERSION}")
-        recorded = _config_from(_need(data, "config"))
-        state = cls(
-            config=config or recorded,
-            position=_position_from(_need(data, "position")),
-            clock=_opt_int(_need(data, "clock"), "clock"),
-            watermark=_opt_time(_need(data, "watermark"), "watermark"),
-            producers=_producers_from(_need(data, "producers")),
-            pending_txns=_pending_from(_need(data, "pending")),
-        )
-        _check_consistent(state, recorded)
-        return state
-
 
 def apply_all(state: WatermarkState, markers: Iterable[Marker]) -> WatermarkState:
     """The state after all `markers`, in order."""
@@ -294,105 +247,3 @@ def _advance(watermark: int | None, active: Mapping[str, int]) -> int | None:
     candidate = min(active.values())
     return candidate if watermark is None else max(watermark, candidate)
 
-
-# -- reading a snapshot ------------------------------------------------------------------------------------
-
-
-def _bad(detail: str) -> MalformedMarker:
-    return MalformedMarker("bad-snapshot", detail)
-
-
-def _need(data: Mapping[str, Any], key: str) -> Any:
-    if key not in data:
-        raise _bad(f"missing {key!r}")
-    return data[key]
-
-
-def _int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(f"{what} must be an int, got {value!r}")
-    return value
-
-
-def _opt_int(value: Any, what: str) -> int | None:
-    return None if value is None else _int(value, what)
-
-
-def _opt_time(value: Any, what: str) -> int | None:
-    time = _opt_int(value, what)
-    if time is not None and not 0 <= time < EVENT_TIME_LIMIT:
-        raise _bad(f"{what} must be in [0, 2**63), got {value!r}")
-    return time
-
-
-def _map(value: Any, what: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise _bad(f"{what} must be a map, got {type(value).__name__}")
-    return value
-
-
-def _config_from(value: Any) -> WatermarkConfig:
-    recorded = _map(value, "config")
-    try:
-        return WatermarkConfig(
-            _int(_need(recorded, "producer_timeout_ms"), "producer_timeout_ms"),
-            _int(_need(recorded, "txn_timeout_ms"), "txn_timeout_ms"),
-        )
-    except MalformedMarker:
-        raise
-    except ValueError as exc:
-        raise _bad(str(exc)) from None
-
-
-def _position_from(value: Any) -> Position | None:
-    if value is None:
-        return None
-    if not isinstance(value, list | tuple) or len(value) != 3:
-        raise _bad(f"position must be [ledger, entry, batch], got {value!r}")
-    return (_int(value[0], "ledger"), _int(value[1], "entry"), _int(value[2], "batch"))
-
-
-def _producers_from(value: Any) -> dict[str, ProducerRecord]:
-    producers = {}
-    for name, raw in _map(value, "producers").items():
-        record = _map(raw, f"producer {name!r}")
-        idle = _need(record, "idle")
-        if not isinstance(name, str) or not isinstance(idle, bool):
-            raise _bad(f"producer {name!r} needs a str name and a bool 'idle'")
-        event_time = _opt_time(_need(record, "event_time"), "event_time")
-        producers[name] = ProducerRecord(event_time, idle, _int(_need(record, "last_seen"), "last_seen"))
-    return producers
-
-
-def _pending_from(value: Any) -> dict[PendingKey, PendingMarker]:
-    if not isinstance(value, list | tuple):
-        raise _bad(f"pending must be a list, got {type(value).__name__}")
-    pending = {}
-    for raw in value:
-        entry = _map(raw, "a pending transaction")
-        producer, txn, kind = _need(entry, "producer"), _need(entry, "txn"), _need(entry, "kind")
-        event_time = _opt_time(_need(entry, "event_time"), "event_time")
-        if not isinstance(producer, str) or not isinstance(txn, str) or not txn:
-            raise _bad(f"pending transaction {producer!r}/{txn!r} needs str producer and txn")
-        if (kind, event_time is None) not in ((MarkerKind.W_SET.value, False), (MarkerKind.W_IDLE.value, True)):
-            raise _bad(f"pending transaction {producer!r}/{txn!r} holds {kind!r} with event_time {event_time!r}")
-        if (producer, txn) in pending:
-            raise _bad(f"pending transaction {producer!r}/{txn!r} appears twice")
-        pending[(producer, txn)] = PendingMarker(MarkerKind(kind), event_time, _int(_need(entry, "started"), "started"))
-    return pending
-
-
-def _check_consistent(state: WatermarkState, recorded: WatermarkConfig) -> None:
-    """What every folded state satisfies: nothing before the first clock tick, nothing after the clock,
-    no transaction still open past the timeout it was computed with (a fold drops those at once)."""
-    if state.clock is None:
-        if state.producers or state.pending_txns or state.watermark is not None:
-            raise _bad("producers, transactions or a watermark without a clock")
-        return
-    if any(producer not in state.producers for producer, _ in state.pending_txns):
-        raise _bad("a pending transaction of an unknown producer")
-    times = [r.last_seen for r in state.producers.values()] + [m.started for m in state.pending_txns.values()]
-    if any(t > state.clock for t in times):
-        raise _bad(f"a producer or transaction time is after the clock {state.clock}")
-    if any(state.clock - m.started > recorded.txn_timeout_ms for m in state.pending_txns.values()):
-        raise _bad(f"a pending transaction older than the recorded txn_timeout_ms {recorded.txn_timeout_ms}")

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from broker_ext.admin import PulsarAdmin
+from pulsar_access.admin import PulsarAdmin
 from tests.chaos.checker import Violation
 from tests.chaos.plan import RESTART_SHARE, plan_scenario
 from tests.chaos.scenario import Cluster, ScenarioResult, run_scenario, suite_client

@@ -23,18 +23,11 @@ from typing import TypeVar
 
 import pulsar
 
-from broker_ext.admin import PulsarAdmin
-from broker_ext.settings import PulsarSettings
 from consumer import Watermark, WatermarkConsumer, WatermarkListener
 from producer import WatermarkProducer
-from tests.chaos.checker import (
-    Delivery,
-    InstanceLog,
-    Violation,
-    WatermarkSeen,
-    check_final,
-    check_subscription,
-)
+from pulsar_access.admin import PulsarAdmin
+from pulsar_access.settings import PulsarSettings
+from tests.chaos.checker import Delivery, InstanceLog, Violation, WatermarkSeen, check_final, check_subscription
 from tests.chaos.plan import Fault, FaultKind, ProducerPlan, ScenarioPlan
 from tests.integration.generator_process import GeneratorProcess
 from tests.integration.helpers import watermark_table_reader

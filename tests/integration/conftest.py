@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from broker_ext.settings import PulsarSettings
+from pulsar_access.settings import PulsarSettings
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from broker_ext.settings import PulsarSettings
+from pulsar_access.settings import PulsarSettings
 
 FAST = {
     "WM_POLL_INTERVAL_S": "0.02",

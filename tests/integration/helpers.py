@@ -8,9 +8,10 @@ from collections.abc import Callable
 
 import pulsar
 
-from broker_ext.admin import PulsarAdmin
 from consumer import Watermark, WatermarkConsumer, WatermarkListener
-from watermark_core.protocol import decode_table, watermark_topic_for
+from pulsar_access.admin import PulsarAdmin
+from pulsar_access.topics import watermark_topic_for
+from watermark_core.protocol import decode_table
 
 
 class Recorder(WatermarkListener):

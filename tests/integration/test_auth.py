@@ -21,8 +21,12 @@ import msgpack
 import pulsar
 import pytest
 
-from broker_ext.admin import AdminError, PulsarAdmin
-from broker_ext.auth_tokens import (
+from broker_ext.status import latest_events
+from consumer import WatermarkConsumer
+from devtools.local_cluster import LocalCluster, free_port
+from producer import WatermarkProducer
+from pulsar_access.admin import AdminError, PulsarAdmin
+from pulsar_access.auth_tokens import (
     ADMIN_ROLE,
     CLIENT_ROLE,
     DEFAULT_NAMESPACE,
@@ -30,11 +34,7 @@ from broker_ext.auth_tokens import (
     GENERATOR_ROLE,
     create_token,
 )
-from broker_ext.local_cluster import LocalCluster, free_port
-from broker_ext.settings import PulsarSettings
-from broker_ext.status import latest_events
-from consumer import WatermarkConsumer
-from producer import WatermarkProducer
+from pulsar_access.settings import PulsarSettings
 from tests.integration.generator_process import GeneratorProcess
 from tests.integration.helpers import Recorder, wait_until, watermarks
 from watermark_core.protocol import MARKER_PROPERTY, MarkerKind

@@ -7,7 +7,7 @@ import time
 import pulsar
 import pytest
 
-from broker_ext.admin import PulsarAdmin, TopicNotFound
+from pulsar_access.admin import PulsarAdmin, TopicNotFound
 
 
 def _wait_mark_delete(admin: PulsarAdmin, topic: str, subscription: str, expected: tuple[int, int]) -> tuple[int, int]:

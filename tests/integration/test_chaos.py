@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker_ext.admin import PulsarAdmin
+from pulsar_access.admin import PulsarAdmin
 from tests.chaos.__main__ import run_many, summary
 from tests.chaos.plan import FaultKind, plan_scenario
 from tests.chaos.scenario import Cluster, suite_client

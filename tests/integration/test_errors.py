@@ -21,12 +21,12 @@ from typing import Any
 import pulsar
 import pytest
 
-from broker_ext.admin import PulsarAdmin
-from broker_ext.settings import PulsarSettings
 from consumer import WatermarkConsumer
 from producer import WatermarkProducer
+from pulsar_access.admin import PulsarAdmin
+from pulsar_access.errors import PulsarClientError
+from pulsar_access.settings import PulsarSettings
 from tests.integration.helpers import Recorder, wait_until
-from watermark_core.errors import PulsarClientError
 
 
 def free_port() -> int:

@@ -14,15 +14,14 @@ import pulsar
 import pytest
 import requests
 
-from broker_ext.admin import PulsarAdmin
-from broker_ext.config import GENERATOR_SUBSCRIPTION
-from broker_ext.local_cluster import free_port
-from broker_ext.settings import PulsarSettings
 from consumer import WatermarkConsumer
+from devtools.local_cluster import free_port
 from producer import WatermarkProducer
+from pulsar_access.admin import PulsarAdmin
+from pulsar_access.settings import PulsarSettings
 from tests.integration.generator_process import GeneratorProcess
 from tests.integration.helpers import Recorder, wait_until, watermarks
-from watermark_core.protocol import MARKER_PROPERTY
+from watermark_core.protocol import GENERATOR_SUBSCRIPTION, MARKER_PROPERTY
 
 
 def assert_monotonic(values: list[int]) -> None:

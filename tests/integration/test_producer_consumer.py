@@ -11,10 +11,10 @@ import msgpack
 import pulsar
 import pytest
 
-from broker_ext.admin import PulsarAdmin
-from broker_ext.settings import PulsarSettings
 from consumer import WatermarkConsumer
 from producer import TransactionClosedError, WatermarkProducer
+from pulsar_access.admin import PulsarAdmin
+from pulsar_access.settings import PulsarSettings
 from tests.integration.helpers import Recorder, backlog, partition_backlogs, wait_until
 from watermark_core.protocol import MARKER_PROPERTY
 

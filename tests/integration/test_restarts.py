@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pulsar
 
-from broker_ext.admin import PulsarAdmin
 from producer import WatermarkProducer
+from pulsar_access.admin import PulsarAdmin
 from tests.harness import RunningPulsar
 from tests.integration.generator_process import GeneratorProcess
 from tests.integration.helpers import recomputed_watermark, wait_until, watermark_table_reader

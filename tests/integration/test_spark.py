@@ -13,9 +13,9 @@ from typing import Any
 import pulsar
 import pytest
 
-from broker_ext.admin import PulsarAdmin
 from consumer import WatermarkConsumer
 from producer import WatermarkProducer
+from pulsar_access.admin import PulsarAdmin
 from tests.integration.helpers import Recorder, wait_until, watermarks
 
 pyspark = pytest.importorskip("pyspark")

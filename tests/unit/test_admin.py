@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker_ext.admin import AdminError, PulsarAdmin, TopicName, parse_position
-from broker_ext.settings import PulsarSettings
+from pulsar_access.admin import AdminError, PulsarAdmin, parse_position
+from pulsar_access.settings import PulsarSettings
+from pulsar_access.topics import TopicName
 
 
 def test_short_names_live_in_public_default() -> None:

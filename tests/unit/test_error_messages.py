@@ -19,7 +19,7 @@ from typing import Any
 import pulsar
 import pytest
 
-from watermark_core.errors import PulsarClientError, checked_admin_url, checked_service_url, explain
+from pulsar_access.errors import PulsarClientError, checked_admin_url, checked_service_url, explain
 
 URL = "pulsar://broker.example:6650"
 TOPIC = "persistent://acme/orders/created"
@@ -124,14 +124,14 @@ def run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_make_cluster_up_with_a_busy_port_prints_one_line_and_fails(tmp_path: Path, held_port: int) -> None:
-    """What `make cluster-up` runs (`python -m broker_ext.local_cluster up`), with its port taken."""
+    """What `make cluster-up` runs (`python -m devtools.local_cluster up`), with its port taken."""
     java_home = tmp_path / "jdk"
     (java_home / "bin").mkdir(parents=True)
     java = java_home / "bin" / "java"
     java.write_text("#!/bin/sh\necho 'openjdk version \"17.0.15\" 2025-04-15' >&2\n")
     java.chmod(java.stat().st_mode | stat.S_IEXEC)
     result = run(
-        ["-m", "broker_ext.local_cluster", "up", "--state-dir", str(tmp_path / "state")],
+        ["-m", "devtools.local_cluster", "up", "--state-dir", str(tmp_path / "state")],
         JAVA_HOME=str(java_home), PULSAR_BROKER_PORT=str(held_port),
         PULSAR_WEB_PORT=str(free_port()), PULSAR_BOOKIE_PORT=str(free_port()),
     )  # fmt: skip

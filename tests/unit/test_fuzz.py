@@ -34,11 +34,12 @@ from watermark_core.protocol import (
     encode_event,
     encode_idle,
     encode_set,
-    encode_snapshot,
     encode_table,
     encode_txn_abort,
     encode_txn_commit,
+    pack,
 )
+from watermark_core.snapshot import decode_snapshot, encode_snapshot, state_from_dict, state_to_dict
 from watermark_core.state import WatermarkConfig, WatermarkState
 
 pytestmark = pytest.mark.unit
@@ -111,7 +112,7 @@ def valid_marker_payloads(draw: st.DrawFn) -> tuple[str, bytes]:
     if kind is MarkerKind.W_IDLE:
         return kind.value, encode_idle(txn)
     if kind is MarkerKind.W_SNAPSHOT:
-        return kind.value, encode_snapshot(WatermarkState.initial().to_dict(), draw(st.none() | st.just((1, 2, -1))))
+        return kind.value, encode_snapshot(WatermarkState.initial(), draw(st.none() | st.just((1, 2, -1))))
     encode = encode_txn_commit if kind is MarkerKind.W_TXN_COMMIT else encode_txn_abort
     return kind.value, encode(txn or "a")
 
@@ -178,10 +179,9 @@ def assert_well_formed(marker: Marker) -> None:
     else:
         assert marker.txn is None or (isinstance(marker.txn, str) and marker.txn)
     if marker.kind is MarkerKind.W_SNAPSHOT:
-        assert isinstance(marker.state, dict)
-        assert marker.previous is None or (len(marker.previous) == 3 and all(type(p) is int for p in marker.previous))
+        assert isinstance(marker.body, dict)
     else:
-        assert marker.state is None and marker.previous is None
+        assert marker.body is None
 
 
 # -- hostile watermark events ----------------------------------------------------------------------------
@@ -282,7 +282,7 @@ def hostile_logs(draw: st.DrawFn) -> tuple[WatermarkConfig, list[Message]]:
         elif what == "snapshot":
             properties[MARKER_PROPERTY] = "W_SNAPSHOT"
             producer = draw(st.sampled_from([GENERATOR, producer]))
-            payload = encode_snapshot(draw(VALUES.filter(lambda v: isinstance(v, dict)) | st.just({"v": 1})))
+            payload = pack({"state": draw(VALUES.filter(lambda v: isinstance(v, dict)) | st.just({"v": 1}))})
         elif what == "bad":
             properties[MARKER_PROPERTY] = draw(PROPERTY_VALUES)
             payload = draw(PAYLOAD_OBJECTS)
@@ -318,9 +318,8 @@ def feed(config: WatermarkConfig, messages: list[Message]) -> Fed:
         if marker is None:
             continue
         if marker.kind is MarkerKind.W_SNAPSHOT and marker.producer == GENERATOR:
-            assert marker.state is not None
             try:  # as the generator indexes a trusted snapshot: restorable or skipped
-                WatermarkState.from_dict(marker.state, config)
+                decode_snapshot(marker, config)
             except MalformedMarker as exc:
                 assert exc.reason == "bad-snapshot"
                 fed.unusable_snapshots += 1
@@ -332,8 +331,8 @@ def feed(config: WatermarkConfig, messages: list[Message]) -> Fed:
 
 def assert_consistent(state: WatermarkState) -> None:
     """The invariants of every folded state (what `from_dict` checks, and more)."""
-    again = WatermarkState.from_dict(decode_snapshot_payload(encode_snapshot(state.to_dict())))
-    assert again == state and again.to_dict() == state.to_dict()
+    again = decode_snapshot_payload(encode_snapshot(state))
+    assert again == state and state_to_dict(again) == state_to_dict(state)
     if state.clock is None:
         assert state.watermark is None and not state.producers and not state.pending_txns
         return
@@ -351,10 +350,11 @@ def assert_consistent(state: WatermarkState) -> None:
     assert not set(active) & set(state.expired_producers())
 
 
-def decode_snapshot_payload(payload: bytes) -> dict[str, Any]:
+def decode_snapshot_payload(payload: bytes) -> WatermarkState:
+    """The state a W_SNAPSHOT payload carries (also one without a position, as the initial state has)."""
     marker = decode_marker({MARKER_PROPERTY: "W_SNAPSHOT"}, payload, GENERATOR, (9, 9, -1), 0)
-    assert marker is not None and marker.state is not None
-    return marker.state
+    assert marker is not None and marker.body is not None
+    return state_from_dict(marker.body.get("state"))  # type: ignore[arg-type]
 
 
 @FUZZ
@@ -398,7 +398,7 @@ def test_restoring_from_any_snapshot_of_a_hostile_log_resumes_the_same_fold(
     fed = feed(config, messages)
     assume(fed.applied)
     cut = data.draw(st.integers(0, len(fed.applied)))
-    restored = WatermarkState.from_dict(decode_snapshot_payload(encode_snapshot(fed.states[cut].to_dict())))
+    restored = decode_snapshot_payload(encode_snapshot(fed.states[cut]))
     for marker, expected in zip(fed.applied[cut:], fed.states[cut + 1 :], strict=True):
         restored = restored.apply(marker)
         assert restored == expected
@@ -411,9 +411,9 @@ def test_restoring_from_any_snapshot_of_a_hostile_log_resumes_the_same_fold(
 def corrupted_snapshots(draw: st.DrawFn) -> Any:
     """A real state's to_dict() payload, corrupted as bytes; or the state map with one value of another type."""
     config, messages = draw(hostile_logs())
-    state = feed(config, messages).states[-1].to_dict()
+    state = state_to_dict(feed(config, messages).states[-1])
     if draw(st.booleans()):
-        return draw(mutated(encode_snapshot(state)))
+        return draw(mutated(pack({"state": state})))
     key = draw(st.sampled_from(sorted(state)))
     state[key] = draw(VALUES | st.builds(datetime.datetime.fromtimestamp, st.integers(0, 2**31)))
     return state
@@ -421,11 +421,11 @@ def corrupted_snapshots(draw: st.DrawFn) -> Any:
 
 # Found by this test: a snapshot holding a transaction already past the recorded txn_timeout_ms (which no
 # fold can produce: the fold drops it at once) was accepted by from_dict.
-EXPIRED_PENDING = encode_snapshot({
+EXPIRED_PENDING = pack({"state": {
     "v": 1, "config": {"producer_timeout_ms": 256, "txn_timeout_ms": 128}, "position": [1, 2, -1], "clock": 256,
     "watermark": 0, "producers": {"p1": {"event_time": 0, "idle": False, "last_seen": 256}},
     "pending": [{"producer": "p1", "txn": "a", "kind": "W_SET", "event_time": 0, "started": 0}],
-})  # fmt: skip
+}})  # fmt: skip
 
 
 @FUZZ
@@ -433,8 +433,7 @@ EXPIRED_PENDING = encode_snapshot({
 @example(EXPIRED_PENDING)
 def test_a_corrupted_snapshot_is_restored_exactly_or_rejected_as_bad_snapshot(snapshot: Any) -> None:
     try:
-        state = snapshot if isinstance(snapshot, dict) else decode_snapshot_payload(snapshot)
-        restored = WatermarkState.from_dict(state)
+        restored = state_from_dict(snapshot) if isinstance(snapshot, dict) else decode_snapshot_payload(snapshot)
     except MalformedMarker as exc:
         assert exc.reason in MARKER_REASONS | {"bad-snapshot"}
         return

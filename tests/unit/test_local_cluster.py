@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_ext.local_cluster import ClusterError, LocalCluster, check_java, free_port, port_free
+from devtools.local_cluster import ClusterError, LocalCluster, check_java, free_port, port_free
 
 
 def test_port_free_sees_a_listening_socket() -> None:

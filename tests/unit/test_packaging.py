@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from broker_ext.local_cluster import PULSAR_VERSION
+from devtools.local_cluster import PULSAR_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 

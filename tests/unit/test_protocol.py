@@ -7,6 +7,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from pulsar_access.topics import base_topic_and_partition, is_watermark_topic, watermark_topic_for
 from watermark_core.protocol import (
     EVENT_PROPERTY,
     MARKER_PROPERTY,
@@ -17,25 +18,20 @@ from watermark_core.protocol import (
     MarkerKind,
     Watermark,
     WatermarkEvent,
-    base_topic_and_partition,
     decode_event,
     decode_marker,
     decode_table,
     encode_event,
     encode_idle,
     encode_set,
-    encode_snapshot,
     encode_table,
     encode_txn_abort,
     encode_txn_commit,
     entry_end,
     is_marker,
-    is_watermark_topic,
     position_of,
     table_key,
-    watermark_topic_for,
 )
-from watermark_core.state import WatermarkState
 
 pytestmark = pytest.mark.unit
 
@@ -66,7 +62,6 @@ def test_payloads_are_versioned_msgpack_maps() -> None:
     assert msgpack.unpackb(encode_idle(txn="t")) == {"v": 1, "txn": "t"}
     assert msgpack.unpackb(encode_txn_commit("t")) == {"v": 1, "txn": "t"}
     assert msgpack.unpackb(encode_txn_abort("t")) == {"v": 1, "txn": "t"}
-    assert msgpack.unpackb(encode_snapshot({"a": 1})) == {"v": 1, "state": {"a": 1}}
     assert PROTOCOL_VERSION == 1
 
 
@@ -88,13 +83,6 @@ def test_encoders_reject_bad_txn_ids(txn: Any) -> None:
             encode(txn)
     with pytest.raises(ValueError, match="non-empty str"):
         encode_set(1, txn=txn)
-
-
-def test_encode_snapshot_rejects_what_is_not_a_state_map() -> None:
-    with pytest.raises(ValueError, match="to_dict"):
-        encode_snapshot([1, 2])  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="cannot encode"):
-        encode_snapshot({"x": object()})
 
 
 # -- decoding --------------------------------------------------------------------------------------------
@@ -119,8 +107,8 @@ def test_decode_each_kind() -> None:
     assert decode(MarkerKind.W_IDLE, encode_idle("t")) == expected(MarkerKind.W_IDLE, txn="t")
     assert decode(MarkerKind.W_TXN_COMMIT, encode_txn_commit("t")) == expected(MarkerKind.W_TXN_COMMIT, txn="t")
     assert decode(MarkerKind.W_TXN_ABORT, encode_txn_abort("t")) == expected(MarkerKind.W_TXN_ABORT, txn="t")
-    state = WatermarkState.initial().to_dict()
-    assert decode(MarkerKind.W_SNAPSHOT, encode_snapshot(state)) == expected(MarkerKind.W_SNAPSHOT, state=state)
+    body = {"v": 1, "state": {"any": "map"}}
+    assert decode(MarkerKind.W_SNAPSHOT, pack(body)) == expected(MarkerKind.W_SNAPSHOT, body=body)
 
 
 def test_the_producer_is_the_pulsar_producer_name_never_a_payload_field() -> None:
@@ -184,8 +172,6 @@ def test_malformed_other_markers() -> None:
     assert reason_of(MarkerKind.W_TXN_COMMIT, pack({"v": 1})) == "bad-field"
     assert reason_of(MarkerKind.W_TXN_ABORT, pack({"v": 1, "txn": None})) == "bad-field"
     assert reason_of(MarkerKind.W_IDLE, pack({"v": 1, "txn": b"t"})) == "bad-field"
-    assert reason_of(MarkerKind.W_SNAPSHOT, pack({"v": 1})) == "bad-field"
-    assert reason_of(MarkerKind.W_SNAPSHOT, pack({"v": 1, "state": [1]})) == "bad-field"
 
 
 def test_a_payload_that_is_not_bytes_is_malformed() -> None:
@@ -323,20 +309,6 @@ def test_events_with_bad_bytes() -> None:
 def test_watermark_is_what_listeners_receive() -> None:
     assert Watermark(5).event_time == 5
     assert Watermark(5) == Watermark(5)
-
-
-def test_snapshots_chain_to_the_previous_one() -> None:
-    from watermark_core.protocol import encode_snapshot
-
-    state = {"anything": 1}
-    first = decode_marker({MARKER_PROPERTY: "W_SNAPSHOT"}, encode_snapshot(state), "g", (1, 5, -1), 10)
-    second = decode_marker({MARKER_PROPERTY: "W_SNAPSHOT"}, encode_snapshot(state, (1, 5, -1)), "g", (1, 9, -1), 11)
-    assert first is not None and first.previous is None
-    assert second is not None and second.previous == (1, 5, -1)
-    bad = msgpack.packb({"v": 1, "state": state, "previous": [1, "x", 2]})
-    with pytest.raises(MalformedMarker) as caught:
-        decode_marker({MARKER_PROPERTY: "W_SNAPSHOT"}, bad, "g", (1, 10, -1), 12)
-    assert caught.value.reason == "bad-field"
 
 
 def test_events_carry_the_producers_for_status() -> None:

@@ -8,8 +8,9 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from broker_ext.admin import required_permission
-from broker_ext.auth_tokens import (
+from devtools.local_cluster import ClusterError, LocalCluster, main
+from pulsar_access.admin import required_permission
+from pulsar_access.auth_tokens import (
     ADMIN_ROLE,
     CLIENT_ROLE,
     GENERATOR_ROLE,
@@ -18,8 +19,8 @@ from broker_ext.auth_tokens import (
     create_token,
     role_of,
 )
-from broker_ext.local_cluster import ClusterError, LocalCluster, main
 from watermark_core.protocol import MARKER_PROPERTY, Marker, MarkerKind, decode_marker
+from watermark_core.snapshot import state_to_dict
 from watermark_core.state import WatermarkState
 
 
@@ -33,7 +34,7 @@ def _marker(kind: MarkerKind, body: dict[str, object], producer: str, entry: int
 
 def test_a_marker_naming_another_producer_in_its_payload_changes_nothing_for_that_producer() -> None:
     state = WatermarkState.initial().apply(_marker(MarkerKind.W_SET, {"event_time": 100}, "alice", 0))
-    before = state.to_dict()["producers"]["alice"]
+    before = state_to_dict(state)["producers"]["alice"]
     forged: dict[str, object] = {"producer": "alice", "producer_name": "alice", "producerName": "alice"}
     # mallory, the broker-known sender, claims to speak for alice: W_SET far ahead, then W_IDLE
     forged_set = _marker(MarkerKind.W_SET, {"event_time": 500, **forged}, "mallory", 1)
@@ -41,7 +42,7 @@ def test_a_marker_naming_another_producer_in_its_payload_changes_nothing_for_tha
     assert forged_set.producer == forged_idle.producer == "mallory"
     state = state.apply(forged_set).apply(forged_idle)
 
-    after = state.to_dict()["producers"]["alice"]
+    after = state_to_dict(state)["producers"]["alice"]
     assert (after["event_time"], after["idle"]) == (before["event_time"], before["idle"]) == (100, False)
     assert state.active_producers() == {"alice": 100}
     assert state.idle_producers() == ["mallory"]

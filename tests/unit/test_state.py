@@ -8,7 +8,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from watermark_core.protocol import MalformedMarker, Marker, MarkerKind, decode_marker, encode_snapshot, position_of
+from watermark_core.protocol import MalformedMarker, Marker, MarkerKind, decode_marker, position_of
+from watermark_core.snapshot import decode_snapshot, encode_snapshot, state_from_dict, state_to_dict
 from watermark_core.state import (
     PendingMarker,
     ProducerRecord,
@@ -48,7 +49,7 @@ class Log:
         return self.append(MarkerKind.W_TXN_ABORT, producer, at, txn=txn).watermark
 
     def snapshot(self, at: int) -> WatermarkState:
-        return self.append(MarkerKind.W_SNAPSHOT, "__wm_generator", at, state={})
+        return self.append(MarkerKind.W_SNAPSHOT, "__wm_generator", at, body={"state": {}})
 
 
 # -- assertions ------------------------------------------------------------------------------------------
@@ -430,23 +431,22 @@ def busy_state() -> WatermarkState:
 
 def test_to_dict_is_msgpack_able_and_round_trips_exactly() -> None:
     state = busy_state()
-    data = state.to_dict()
-    assert WatermarkState.from_dict(data) == state
+    data = state_to_dict(state)
+    assert state_from_dict(data) == state
     through_bytes = msgpack.unpackb(msgpack.packb(data, use_bin_type=True), raw=False)
-    assert WatermarkState.from_dict(through_bytes) == state
-    assert WatermarkState.from_dict(WatermarkState.initial().to_dict()) == WatermarkState.initial()
+    assert state_from_dict(through_bytes) == state
+    assert state_from_dict(state_to_dict(WatermarkState.initial())) == WatermarkState.initial()
 
 
 def test_a_snapshot_marker_carries_the_state() -> None:
     state = busy_state()
-    marker = decode_marker({"wm.marker": "W_SNAPSHOT"}, encode_snapshot(state.to_dict()), "g", (2, 0, -1), 5)
+    marker = decode_marker({"wm.marker": "W_SNAPSHOT"}, encode_snapshot(state), "g", (2, 0, -1), 5)
     assert marker is not None
-    assert marker.state is not None
-    assert WatermarkState.from_dict(marker.state) == state
+    assert decode_snapshot(marker).state == state
 
 
 def test_to_dict_layout() -> None:
-    data = busy_state().to_dict()
+    data = state_to_dict(busy_state())
     assert data["v"] == 1
     assert data["config"] == {"producer_timeout_ms": 10_000, "txn_timeout_ms": 5_000}
     assert data["position"] == [1, 6, -1]
@@ -458,19 +458,19 @@ def test_to_dict_layout() -> None:
 
 def test_from_dict_with_the_readers_config() -> None:
     config = WatermarkConfig(1, 2)
-    restored = WatermarkState.from_dict(busy_state().to_dict(), config)
+    restored = state_from_dict(state_to_dict(busy_state()), config)
     assert restored.config == config
     assert restored.watermark == 100
 
 
 def test_from_dict_ignores_unknown_keys() -> None:
-    data = {**busy_state().to_dict(), "future": 1}
-    assert WatermarkState.from_dict(data) == busy_state()
+    data = {**state_to_dict(busy_state()), "future": 1}
+    assert state_from_dict(data) == busy_state()
 
 
 def broken(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
-    """busy_state().to_dict() with the item at `path` replaced by `value` (or deleted when it is DELETE)."""
-    data = busy_state().to_dict()
+    """state_to_dict(busy_state()) with the item at `path` replaced by `value` (or deleted when it is DELETE)."""
+    data = state_to_dict(busy_state())
     node = data
     for key in path[:-1]:
         node = node[key]
@@ -524,7 +524,7 @@ DELETE = object()
 )
 def test_from_dict_rejects_what_is_not_a_state(path: tuple[Any, ...], value: Any) -> None:
     with pytest.raises(MalformedMarker) as caught:
-        WatermarkState.from_dict(broken(path, value))
+        state_from_dict(broken(path, value))
     assert caught.value.reason == "bad-snapshot"
 
 
@@ -532,15 +532,15 @@ def test_from_dict_rejects_non_maps_and_non_str_names() -> None:
     junks: list[Any] = [[], None, "state"]
     for junk in junks:
         with pytest.raises(MalformedMarker, match="bad-snapshot"):
-            WatermarkState.from_dict(junk)
-    data = busy_state().to_dict()
+            state_from_dict(junk)
+    data = state_to_dict(busy_state())
     data["producers"][5] = data["producers"].pop("p3")
     with pytest.raises(MalformedMarker, match="str name"):
-        WatermarkState.from_dict(data)
+        state_from_dict(data)
 
 
 def test_from_dict_rejects_a_state_with_producers_but_no_clock() -> None:
-    data = WatermarkState.initial().to_dict()
+    data = state_to_dict(WatermarkState.initial())
     data["producers"] = {"p1": {"event_time": 1, "idle": False, "last_seen": 1}}
     with pytest.raises(MalformedMarker, match="without a clock"):
-        WatermarkState.from_dict(data)
+        state_from_dict(data)

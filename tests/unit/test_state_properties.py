@@ -31,10 +31,10 @@ from watermark_core.protocol import (
     encode_event,
     encode_idle,
     encode_set,
-    encode_snapshot,
     encode_txn_abort,
     encode_txn_commit,
 )
+from watermark_core.snapshot import encode_snapshot, state_from_dict, state_to_dict
 from watermark_core.state import PendingMarker, WatermarkConfig, WatermarkState
 
 pytestmark = pytest.mark.unit
@@ -116,9 +116,9 @@ def fold(markers: Sequence[Marker], start: WatermarkState) -> list[WatermarkStat
 
 def through_snapshot(state: WatermarkState) -> WatermarkState:
     """What a reader restores from the W_SNAPSHOT record of `state`, bytes and all."""
-    marker = decode_marker({MARKER_PROPERTY: "W_SNAPSHOT"}, encode_snapshot(state.to_dict()), "g", (9, 9, -1), 0)
-    assert marker is not None and marker.state is not None
-    return WatermarkState.from_dict(marker.state)
+    marker = decode_marker({MARKER_PROPERTY: "W_SNAPSHOT"}, encode_snapshot(state), "g", (9, 9, -1), 0)
+    assert marker is not None and marker.body is not None
+    return state_from_dict(marker.body["state"])
 
 
 # -- 1. snapshots restore exactly ------------------------------------------------------------------------
@@ -135,7 +135,7 @@ def test_restore_at_any_position_then_replay_equals_replay_from_the_start(log: R
         for start in (restored, advanced):
             replayed = fold(log.markers[q:], start)
             for state, expected in zip(replayed[1:], full[q + 1 :], strict=True):
-                assert state.to_dict() == expected.to_dict()
+                assert state_to_dict(state) == state_to_dict(expected)
                 assert state.watermark == expected.watermark
 
 
@@ -275,14 +275,14 @@ def test_inserting_snapshots_anywhere_changes_no_watermark(log: RandomLog, data:
     with_snapshots: list[Marker] = []
     for index, marker in enumerate(log.markers):
         for n in range(data.draw(st.integers(0, 2))):
-            state = data.draw(st.sampled_from([{}, {"v": 1}, WatermarkState.initial().to_dict()]))
-            with_snapshots.append(Marker(MarkerKind.W_SNAPSHOT, "g", between(index, n), 10**12, state=state))
+            state = data.draw(st.sampled_from([{}, {"v": 1}, state_to_dict(WatermarkState.initial())]))
+            with_snapshots.append(Marker(MarkerKind.W_SNAPSHOT, "g", between(index, n), 10**12, body={"state": state}))
         with_snapshots.append(marker)
     plain = fold(log.markers, WatermarkState.initial(log.config))
     snapped = fold(with_snapshots, WatermarkState.initial(log.config))
     at = {s.position: s for s in snapped}
     for state in plain[1:]:
-        assert at[state.position].to_dict() == state.to_dict()
+        assert state_to_dict(at[state.position]) == state_to_dict(state)
 
 
 # -- 6. the decoder --------------------------------------------------------------------------------------
@@ -353,7 +353,7 @@ def paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 def mutated_states(draw: st.DrawFn) -> Any:
     """A real state's to_dict() with one place replaced by a random value."""
     log = draw(random_logs())
-    data = fold(log.markers, WatermarkState.initial(log.config))[-1].to_dict()
+    data = state_to_dict(fold(log.markers, WatermarkState.initial(log.config))[-1])
     path = draw(st.sampled_from(paths(data)))
     node = data
     for key in path[:-1]:
@@ -366,7 +366,7 @@ def mutated_states(draw: st.DrawFn) -> Any:
 @given(MSGPACK_VALUES | MARKER_LIKE_MAPS | mutated_states())
 def test_from_dict_returns_a_state_or_raises_malformed_marker_only(data: Any) -> None:
     try:
-        assert isinstance(WatermarkState.from_dict(data), WatermarkState)
+        assert isinstance(state_from_dict(data), WatermarkState)
     except MalformedMarker as exc:
         assert exc.reason == "bad-snapshot"
 
@@ -386,8 +386,9 @@ def encoded_markers(draw: st.DrawFn) -> tuple[Marker, bytes]:
         txn = draw(TXN_IDS)
         return replace(marker, txn=txn), encode_idle(txn)
     if kind is MarkerKind.W_SNAPSHOT:
-        state = fold(at_positions(draw(random_markers(max_size=8))), WatermarkState.initial())[-1].to_dict()
-        return replace(marker, state=state), encode_snapshot(state)
+        state = fold(at_positions(draw(random_markers(max_size=8))), WatermarkState.initial())[-1]
+        payload = encode_snapshot(state)
+        return replace(marker, body=msgpack.unpackb(payload)), payload
     txn = draw(st.text(min_size=1, max_size=8))
     encode = encode_txn_commit if kind is MarkerKind.W_TXN_COMMIT else encode_txn_abort
     return replace(marker, txn=txn), encode(txn)
@@ -402,8 +403,8 @@ def test_encode_then_decode_round_trips(case: tuple[Marker, bytes]) -> None:
     )
     assert decoded == marker
     assert decoded is not None
-    if decoded.state is not None:
-        assert WatermarkState.from_dict(decoded.state).to_dict() == decoded.state
+    if decoded.body is not None:
+        assert state_to_dict(state_from_dict(decoded.body["state"])) == decoded.body["state"]
 
 
 @RELAXED

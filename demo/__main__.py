@@ -78,7 +78,7 @@ class Sensor(threading.Thread):
 
 
 def main() -> int:
-    from broker_ext.local_cluster import ClusterError, LocalCluster
+    from devtools.local_cluster import ClusterError, LocalCluster
 
     cluster = LocalCluster.from_env()
     try:
@@ -89,9 +89,9 @@ def main() -> int:
     from pyspark.sql import functions as F
 
     import spark_sink
-    from broker_ext.admin import PulsarAdmin
-    from broker_ext.settings import PulsarSettings
     from consumer import Watermark, WatermarkConsumer, WatermarkListener
+    from pulsar_access.admin import PulsarAdmin
+    from pulsar_access.settings import PulsarSettings
 
     settings = PulsarSettings(cluster.service_url, cluster.admin_url)
     topic = f"persistent://public/default/demo-{uuid.uuid4().hex[:6]}"

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import requests
 
-from broker_ext.settings import PulsarSettings
+from pulsar_access.settings import PulsarSettings
+from pulsar_access.topics import TopicName
+from watermark_core.protocol import INTERNAL_SUBSCRIPTIONS
 
 
 class AdminError(RuntimeError):
@@ -27,38 +28,6 @@ class AdminError(RuntimeError):
 
 class TopicNotFound(AdminError):
     """The topic (or its subscription) does not exist."""
-
-
-@dataclass(frozen=True)
-class TopicName:
-    """A parsed topic name: persistent://tenant/namespace/local."""
-
-    domain: str
-    tenant: str
-    namespace: str
-    local: str
-
-    @classmethod
-    def parse(cls, name: str) -> TopicName:
-        """Accept short names (`my-topic`) like the Pulsar clients do."""
-        domain = "persistent"
-        rest = name
-        if "://" in name:
-            domain, rest = name.split("://", 1)
-        parts = rest.split("/")
-        if len(parts) == 1:
-            return cls(domain, "public", "default", parts[0])
-        if len(parts) == 3:
-            return cls(domain, parts[0], parts[1], parts[2])
-        raise ValueError(f"topic name {name!r} is not 'name' or 'persistent://tenant/namespace/name'")
-
-    @property
-    def full(self) -> str:
-        return f"{self.domain}://{self.tenant}/{self.namespace}/{self.local}"
-
-    @property
-    def rest_path(self) -> str:
-        return f"{self.domain}/{self.tenant}/{self.namespace}/{quote(self.local, safe='')}"
 
 
 class PulsarAdmin:
@@ -125,7 +94,7 @@ class PulsarAdmin:
                 "accepted); use a token signed with this cluster's key ('make cluster-up AUTH=token' writes them "
                 "to .cluster/auth/)"
             )
-        from broker_ext.auth_tokens import role_of
+        from pulsar_access.auth_tokens import role_of
 
         role = role_of(token) or "<role>"
         needed, namespace = required_permission(path, operation.group(1) if operation else None)
@@ -183,9 +152,6 @@ class PulsarAdmin:
         """Every persistent topic of a namespace: partitions and non-partitioned topics."""
         return list(self._call("GET", f"persistent/{namespace}") or [])
 
-    def list_partitioned_topics(self, namespace: str = "public/default") -> list[str]:
-        return list(self._call("GET", f"persistent/{namespace}/partitioned") or [])
-
     # -- topics ------------------------------------------------------------------------------
 
     def create_topic(self, topic: str, partitions: int = 0) -> None:
@@ -209,15 +175,12 @@ class PulsarAdmin:
     def topic_stats(self, topic: str) -> dict[str, Any]:
         return dict(self._call("GET", f"{TopicName.parse(topic).rest_path}/stats"))
 
-    def subscriptions(self, topic: str) -> list[str]:
-        return list(self._call("GET", f"{TopicName.parse(topic).rest_path}/subscriptions") or [])
-
     def mark_delete_position(self, topic: str, subscription: str) -> tuple[int, int]:
         """The subscription's mark-delete position (ledger, entry): everything up to it is acked."""
         cursors = self.internal_stats(topic).get("cursors", {})
         if subscription not in cursors:
             raise TopicNotFound(f"subscription {subscription!r} not found on {topic}", 404)
-        return parse_position(cursors[subscription]["markDeletePosition"])
+        return mark_delete_of(cursors[subscription])
 
     def delete_topic(self, topic: str, force: bool = True) -> None:
         self._call("DELETE", TopicName.parse(topic).rest_path, params={"force": str(force).lower()})
@@ -234,6 +197,24 @@ def parse_position(text: str) -> tuple[int, int]:
     """Parse the admin API's 'ledgerId:entryId' form."""
     ledger, entry = text.split(":", 1)
     return int(ledger), int(entry)
+
+
+def last_confirmed_entry(internal_stats: dict[str, Any]) -> tuple[int, int]:
+    """The partition's last entry (ledger, entry) from its internal stats; (-1, -1) when it has none."""
+    return parse_position(str(internal_stats.get("lastConfirmedEntry", "-1:-1")))
+
+
+def mark_delete_of(cursor: dict[str, Any]) -> tuple[int, int]:
+    """A cursor's mark-delete position (ledger, entry) from internal stats: everything up to it is acknowledged."""
+    return parse_position(str(cursor.get("markDeletePosition", "-1:-1")))
+
+
+def durable_subscriptions(topic_stats: dict[str, Any]) -> set[str]:
+    """The applications' durable subscriptions in a topic's stats (the generator's own and compaction's left out)."""
+    return {
+        name for name, sub in (topic_stats.get("subscriptions") or {}).items()
+        if sub.get("isDurable", True) and name not in INTERNAL_SUBSCRIPTIONS
+    }  # fmt: skip
 
 
 _OPERATION = re.compile(r"operation \[([A-Z_]+)\]")

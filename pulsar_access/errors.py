@@ -5,10 +5,8 @@ producers, consumers and readers; when that fails the Pulsar client raises a bar
 `Timeout('Pulsar error: TimeOut')` or `TopicNotFound(...)` that names neither the broker nor the fix.
 `explained(...)` turns those into a `PulsarClientError` whose message does.
 
-This module is part of the pure core (no I/O, and `import watermark_core` never imports it): it
-looks pulsar's exception classes up on the exception it is given, by name along its class
-hierarchy, so it needs no `pulsar` import of its own and the producer and consumer keep importing
-only `watermark_core` and `pulsar`.
+No I/O here: it looks pulsar's exception classes up on the exception it is given, by name along
+its class hierarchy, so it needs no `pulsar` import of its own.
 """
 
 from __future__ import annotations
@@ -17,9 +15,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from pulsar_access.topics import TOPIC_FORMS, namespace_of
+
 SERVICE_URL_FIX = "start one with `make cluster-up` or set PULSAR_SERVICE_URL to the broker's pulsar://host:6650 URL"
 AUTH_FIX = "set PULSAR_AUTH_TOKEN or PULSAR_AUTH_TOKEN_FILE to a valid token"
-TOPIC_FORMS = "'name', 'tenant/namespace/name' or 'persistent://tenant/namespace/name'"
 
 
 class PulsarClientError(Exception):
@@ -54,12 +53,6 @@ def _is_pulsar(exc: BaseException) -> bool:
     return "PulsarException" in _names(exc)
 
 
-def _namespace_of(topic: str) -> str:
-    rest = topic.split("://", 1)[-1]
-    parts = rest.split("/")
-    return "/".join(parts[:2]) if len(parts) == 3 else "public/default"
-
-
 def explain(
     exc: BaseException, *, service_url: str | None = None, topic: str | None = None, doing: str = "reach"
 ) -> PulsarClientError | None:
@@ -86,7 +79,7 @@ def explain(
         fix = "check that PULSAR_SERVICE_URL is a broker's service URL (pulsar://host:6650 or http://host:8080)"
         message = f"the broker at {url} could not look up {topic or 'the topic'} ({kind}); {fix}"
     elif kind == "TopicNotFound":
-        namespace = _namespace_of(topic or "")
+        namespace = namespace_of(topic or "")
         fix = (
             f"create its namespace (pulsar-admin namespaces create {namespace}) or the topic "
             "(pulsar-admin topics create), or check the topic name"
@@ -99,7 +92,7 @@ def explain(
         fix = f"{AUTH_FIX} (or pass authentication=pulsar.AuthenticationToken(...) to pulsar.Client)"
         message = f"the broker at {url} refused the client's credentials when trying to {what} ({kind}); {fix}"
     elif kind == "AuthorizationError":
-        namespace = _namespace_of(topic or "")
+        namespace = namespace_of(topic or "")
         fix = (
             f"grant the token's role the permission (pulsar-admin namespaces grant-permission {namespace} "
             "--role ROLE --actions produce,consume) or set PULSAR_AUTH_TOKEN / PULSAR_AUTH_TOKEN_FILE to a token "

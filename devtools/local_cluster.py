@@ -24,7 +24,7 @@ from pathlib import Path
 
 import requests
 
-from broker_ext.auth_tokens import (
+from pulsar_access.auth_tokens import (
     ADMIN_ROLE,
     CLIENT_ACTIONS,
     CLIENT_ROLE,
@@ -33,7 +33,7 @@ from broker_ext.auth_tokens import (
     GENERATOR_ROLE,
     TokenAuth,
 )
-from broker_ext.settings import PulsarSettings
+from pulsar_access.settings import PulsarSettings
 
 PULSAR_VERSION = "4.0.7"
 """Pinned: the newest 4.0 LTS release whose every broker dependency is on Maven Central."""
@@ -341,7 +341,7 @@ class LocalCluster:
 
     def grant_permissions(self) -> None:
         """As the super user: the generator's least permissions and the sample client's on public/default."""
-        from broker_ext.admin import PulsarAdmin
+        from pulsar_access.admin import PulsarAdmin
 
         admin = PulsarAdmin(self.admin_settings())
         try:
@@ -361,7 +361,7 @@ class LocalCluster:
         say("  (Spark: .option('authToken', <the file's content>); see docs/SECURITY.md)")
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], started: float, timeout_s: float) -> None:
-        from broker_ext.admin import PulsarAdmin
+        from pulsar_access.admin import PulsarAdmin
 
         admin = PulsarAdmin(self.admin_settings(), timeout_s=5)
         last_report = 0.0
@@ -519,7 +519,7 @@ _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m broker_ext.local_cluster",
+        prog="python -m devtools.local_cluster",
         description="Start or stop the local Pulsar standalone broker and the watermark generator.",
     )
     parser.add_argument("action", choices=["up", "down", "status", "fetch"])
