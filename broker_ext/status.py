@@ -6,6 +6,7 @@ positions from the admin API, so it works whichever generator instance owns each
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pulsar
@@ -17,21 +18,24 @@ from pulsar_access.topics import full_name, partition_name, watermark_topic_for
 from watermark_core.protocol import MalformedMarker, WatermarkEvent, decode_table
 
 
-def latest_events(client: pulsar.Client, topic: str, timeout_s: float = 10.0) -> dict[tuple[int, str], WatermarkEvent]:
-    """The latest event per (partition, subscription) published for `topic`."""
-    reader = client.create_reader(watermark_topic_for(topic), pulsar.MessageId.earliest, is_read_compacted=True)
+def latest_events(client: pulsar.Client, topic: str) -> dict[tuple[int, str], WatermarkEvent]:
+    """The latest event per (partition, subscription) published for `topic`.
+
+    A table view of the companion topic holds the latest table per partition key (what compaction
+    keeps); each table has every subscription's event of that partition.
+    """
     latest: dict[tuple[int, str], WatermarkEvent] = {}
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline and reader.has_message_available():
-            try:
-                table = decode_table(reader.read_next(timeout_millis=1000).data())
-            except (pulsar.Timeout, MalformedMarker):
-                continue
-            for event in table:
+
+    def take(_key: str, payload: bytes) -> None:
+        with contextlib.suppress(MalformedMarker):  # counted and logged by consumers; status shows the rest
+            for event in decode_table(payload):
                 latest[(event.partition, event.subscription)] = event
+
+    view = client.create_table_view(watermark_topic_for(topic))
+    try:
+        view.for_each(take)
     finally:
-        reader.close()
+        view.close()
     return latest
 
 

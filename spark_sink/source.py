@@ -22,12 +22,12 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from pulsar_access.topics import full_name, partition_name
+from spark_sink.offsets import NO_WATERMARK, Entry, SourceOffset
 
 SCHEMA = (
     "key string, value binary, event_time timestamp, publish_time timestamp, topic string, partition int, "
     "message_id string, properties map<string,string>, is_watermark boolean"
 )
-NO_WATERMARK = -1
 
 
 SOURCE_OPTIONS = (
@@ -101,7 +101,7 @@ class SourceOptions:
 class TopicRange(InputPartition):
     """What one task reads: a partition's (start, end] and, maybe, the watermark row. Picklable."""
 
-    def __init__(self, partition: int, start: list[int] | None, end: list[int] | None, watermark: int | None) -> None:
+    def __init__(self, partition: int, start: Entry | None, end: Entry | None, watermark: int | None) -> None:
         super().__init__((partition, start, end, watermark))
         self.partition = partition
         self.start = start
@@ -130,40 +130,35 @@ class PulsarStreamReader(DataSourceStreamReader):
 
     def initialOffset(self) -> dict[str, Any]:
         if self.options.watermarks_only:
-            return {"wm": NO_WATERMARK}
-        return {"partitions": self._state().starting_positions(), "wm": NO_WATERMARK}
+            return SourceOffset().to_json()
+        return SourceOffset(self._state().starting_positions()).to_json()
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
         """Watermark first, then the partitions' ends: nothing below the watermark lies past them."""
         state = self._state()
+        begin = SourceOffset.from_json(start) if start else state.last_end
         # The offset this was last called for (or returned) is a batch Spark has finished: Spark
         # asks for the next end only after the previous batch completed. Acknowledging it here,
         # rather than only in commit() (which Spark calls when the *next* batch starts), lets the
         # broker watermark move even when no new data would start another batch.
-        finished = start.get("partitions") if start else state.last_end
-        if finished and not self.options.watermarks_only:
-            state.acknowledge(finished)
-        watermark = max(state.watermark(), (start or {}).get("wm", NO_WATERMARK), state.last_watermark)
+        if begin is not None and not self.options.watermarks_only:
+            state.acknowledge(begin)
+        watermark = max(state.watermark(), begin.watermark if begin else NO_WATERMARK, state.last_watermark)
         state.last_watermark = watermark
         if self.options.watermarks_only:
-            return {"wm": watermark}
-        ends = state.ends()
-        if self.options.max_entries is not None and (start or state.last_end):
-            ends = _capped(
-                start.get("partitions", {}) if start else state.last_end or {}, ends, self.options.max_entries
-            )
-        state.last_end = ends
-        return {"partitions": ends, "wm": watermark}
+            return SourceOffset(watermark=watermark).to_json()
+        end = SourceOffset(state.ends(), watermark)
+        if self.options.max_entries is not None and begin is not None:
+            end = end.capped(begin, self.options.max_entries)
+        state.last_end = end
+        return end.to_json()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        moved = end.get("wm", NO_WATERMARK) > start.get("wm", NO_WATERMARK)
-        watermark = end["wm"] if moved and end["wm"] >= 0 else None
-        ranges: list[InputPartition] = []
-        starts = start.get("partitions", {})
-        for key, stop in sorted(end.get("partitions", {}).items(), key=lambda item: int(item[0])):
-            begin = starts.get(key)
-            if stop is not None and (begin is None or list(stop) > list(begin)):
-                ranges.append(TopicRange(int(key), begin, stop, None))
+        begin, stop = SourceOffset.from_json(start), SourceOffset.from_json(end)
+        watermark = stop.watermark if stop.watermark > begin.watermark and stop.watermark >= 0 else None
+        ranges: list[InputPartition] = [
+            TopicRange(partition, first, last, None) for partition, first, last in stop.ranges_after(begin)
+        ]
         if watermark is not None:
             if ranges:
                 first = ranges[0]
@@ -176,7 +171,7 @@ class PulsarStreamReader(DataSourceStreamReader):
     def commit(self, end: dict[str, Any]) -> None:
         """Spark finished every batch up to `end`: acknowledge the subscription up to there."""
         if not self.options.watermarks_only:
-            self._state().acknowledge(end.get("partitions", {}))
+            self._state().acknowledge(SourceOffset.from_json(end))
 
     def stop(self) -> None:
         if self._driver is not None:
@@ -189,18 +184,6 @@ class PulsarStreamReader(DataSourceStreamReader):
             yield from _read_range(self.options, partition)
         if partition.watermark is not None:
             yield (None, None, _timestamp(partition.watermark), None, self.options.topic, None, None, None, True)
-
-
-def _capped(starts: dict[str, Any], ends: dict[str, Any], max_entries: int) -> dict[str, Any]:
-    """Limit each partition to about `max_entries` entries past its start (within one ledger)."""
-    capped = {}
-    share = max(1, max_entries // max(1, len(ends)))
-    for key, stop in ends.items():
-        begin = starts.get(key)
-        if stop is not None and begin is not None and stop[0] == begin[0] and stop[1] - begin[1] > share:
-            stop = [begin[0], begin[1] + share]
-        capped[key] = stop
-    return capped
 
 
 def _read_range(options: SourceOptions, part: TopicRange) -> Iterator[tuple[Any, ...]]:
@@ -279,7 +262,7 @@ class _DriverState:
         self.partition_indexes = list(range(count)) if count else [-1]
         self.client = self.settings.client()
         self.last_watermark = NO_WATERMARK
-        self.last_end: dict[str, Any] | None = None
+        self.last_end: SourceOffset | None = None
         self._consumers: dict[int, Any] = {}
         self._feed: Any = None
 
@@ -302,21 +285,21 @@ class _DriverState:
                 )  # fmt: skip
         return self._consumers[partition]
 
-    def starting_positions(self) -> dict[str, list[int] | None]:
+    def starting_positions(self) -> dict[int, Entry | None]:
         for partition in self.partition_indexes:
             self._subscription_consumer(partition)
         if self.options.starting_position == "earliest":
-            return {str(p): None for p in self.partition_indexes}
+            return {p: None for p in self.partition_indexes}
         return self.ends()
 
-    def ends(self) -> dict[str, list[int] | None]:
+    def ends(self) -> dict[int, Entry | None]:
         """Each partition's last entry: the end of the next batch."""
-        ends: dict[str, list[int] | None] = {}
+        ends: dict[int, Entry | None] = {}
         for partition in self.partition_indexes:
             from pulsar_access.admin import last_confirmed_entry
 
             ledger, entry = last_confirmed_entry(self.admin.internal_stats(partition_name(self.topic, partition)))
-            ends[str(partition)] = [ledger, entry] if entry >= 0 else None
+            ends[partition] = (ledger, entry) if entry >= 0 else None
         return ends
 
     def watermark(self) -> int:
@@ -335,12 +318,11 @@ class _DriverState:
         current = self._feed.current
         return NO_WATERMARK if current is None else int(current.event_time)
 
-    def acknowledge(self, positions: dict[str, Any]) -> None:
+    def acknowledge(self, offset: SourceOffset) -> None:
         import pulsar
 
-        for key, position in positions.items():
+        for partition, position in offset.partitions.items():
             if position is not None:
-                partition = int(key)
                 self._subscription_consumer(partition).acknowledge_cumulative(
                     pulsar.MessageId(max(partition, 0), position[0], position[1], -1)
                 )

@@ -294,7 +294,7 @@ def test_a_marker_naming_another_producer_in_its_payload_changes_nothing_for_it(
     alice.send(b"after", event_timestamp=150)  # the subscription acknowledges past both forged markers
 
     def latest() -> object:
-        return latest_events(pulsar_client, topic, timeout_s=2).get((-1, "sub"))
+        return latest_events(pulsar_client, topic).get((-1, "sub"))
 
     wait_until(lambda: getattr(latest(), "idle", ()) == ("mallory",), timeout_s=30, what="mallory's W_IDLE folded")
     event = latest_events(pulsar_client, topic)[(-1, "sub")]
