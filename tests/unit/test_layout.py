@@ -1,0 +1,44 @@
+"""The package boundaries of docs/ARCHITECTURE.md, checked on the source: a package imports only what is below it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+ALLOWED: dict[str, set[str]] = {
+    "watermark_core": set(),
+    "pulsar_access": {"watermark_core"},
+    "producer": {"watermark_core", "pulsar_access"},
+    "consumer": {"watermark_core", "pulsar_access"},
+    "broker_ext": {"watermark_core", "pulsar_access"},
+    "spark_sink": {"watermark_core", "pulsar_access", "consumer", "producer"},
+}
+"""Product packages and the project packages each may import (besides itself)."""
+
+PROJECT = set(ALLOWED) | {"devtools", "demo", "bench", "tests"}
+
+
+def project_imports(package: str) -> dict[str, set[str]]:
+    """For each module file of `package`, the project packages it imports (at any depth in the file)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+        found[str(path.relative_to(ROOT))] = (names & PROJECT) - {package}
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_a_package_imports_only_what_is_below_it(package: str) -> None:
+    imports = project_imports(package)
+    assert imports, f"{package} has no modules"
+    wrong = {module: sorted(names - ALLOWED[package]) for module, names in imports.items() if names - ALLOWED[package]}
+    assert wrong == {}, f"imports across the layout (docs/ARCHITECTURE.md): {wrong}"
