@@ -42,7 +42,8 @@ def latest_events(client: pulsar.Client, topic: str) -> dict[tuple[int, str], Wa
 def status_rows(settings: PulsarSettings, topic: str) -> list[dict[str, str]]:
     name = full_name(topic)
     admin = PulsarAdmin(settings)
-    client = settings.client(operation_timeout_seconds=10)  # interactive: a broker that is away fails in 10 s
+    # interactive: a broker that is away fails in 10 s; errors only (closing the table view warns)
+    client = settings.client(operation_timeout_seconds=10, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     try:
         try:
             partitions = admin.partitions(name)
