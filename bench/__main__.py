@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from bench import client_throughput, generator, spark
+import tempfile
+from pathlib import Path
+
+from bench import client_throughput, generator, generator_scale, spark
 from bench.common import bench_cluster, say, write_results
 from devtools.local_cluster import PULSAR_VERSION
 
@@ -14,6 +17,9 @@ def main() -> None:
         figures.update(client_throughput.run(settings))
         say("generator (issue 4)")
         figures.update(generator.run(settings))
+        say("generator at scale (issue 13)")
+        with tempfile.TemporaryDirectory(prefix="wm-bench-scale-") as logs:
+            figures.update(generator_scale.run(settings, Path(logs)))
         say("Spark (issue 5)")
         figures.update(spark.run(settings))
         write_results(figures)

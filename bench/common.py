@@ -17,6 +17,8 @@ from pulsar_access.settings import PulsarSettings
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 RESULTS = DOCS / "benchmarks.json"
+BENCH_BROKER_HEAP = "2g"
+"""The standalone's heap for benchmarks (1 GB elsewhere): 1000 partitions and their cursors need more."""
 
 
 @contextlib.contextmanager
@@ -29,6 +31,7 @@ def bench_cluster() -> Iterator[PulsarSettings]:
         cluster = LocalCluster(
             state_dir=Path(state), broker_port=free_port(), web_port=free_port(), bookie_port=free_port(),
             with_generator=True, generator_env={"WM_METRICS_PORT": str(free_port())},
+            heap=BENCH_BROKER_HEAP,
         )  # fmt: skip
         cluster.up()
         try:

@@ -32,11 +32,12 @@ class Generator:
     """A `broker-ext serve` process following one namespace; its CPU time is read from /proc."""
 
     def __init__(self, settings: PulsarSettings, namespace: str, log_dir: Path) -> None:
+        self.instance_id = f"bench-{uuid.uuid4().hex[:6]}"
         env = {
             **os.environ, **FAST_ENV,
             "PULSAR_SERVICE_URL": settings.service_url, "PULSAR_ADMIN_URL": settings.admin_url,
             "WM_NAMESPACES": namespace, "WM_METRICS_PORT": str(free_port()),
-            "WM_INSTANCE_ID": f"bench-{uuid.uuid4().hex[:6]}",
+            "WM_INSTANCE_ID": self.instance_id,
         }  # fmt: skip
         self.log = (log_dir / f"generator-{uuid.uuid4().hex[:6]}.log").open("wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "broker_ext.cli", "serve"], env=env, stdout=self.log,
