@@ -171,6 +171,7 @@ def main() -> int:
         )
     say("waiting for the queries' first batches ...")
     while any(q.lastProgress is None for q in queries):
+        _check_running(queries)
         time.sleep(0.5)
 
     sensors = [
@@ -190,6 +191,7 @@ def main() -> int:
             watermark = (progress.get("eventTime") or {}).get("watermark")
             if watermark:
                 watermark_log.append((time.monotonic(), f"Spark {query.name}", _iso_ms(watermark)))
+        _check_running(queries)
         say(
             f"{time.monotonic() - started:5.1f} s: windows closed — "
             + ", ".join(f"{name}: {len(found)}" for name, found in results.items())
@@ -206,6 +208,13 @@ def main() -> int:
     client.close()
     say("stop the cluster with 'make cluster-down'")
     return 0
+
+
+def _check_running(queries: list[Any]) -> None:
+    """A query that died stops the demo with its error instead of a wait that never ends."""
+    for query in queries:
+        if not query.isActive:
+            raise SystemExit(f"the Spark query {query.name} stopped: {query.exception()}; see the log above")
 
 
 def _iso_ms(text: str) -> int:
