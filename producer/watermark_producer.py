@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
 import pulsar
@@ -156,10 +155,7 @@ class WatermarkProducer:
 
     def _tick(self) -> None:
         """The ticker thread: wakes up when the writer's schedule says and sends what is due."""
-        assert self._writer.schedule is not None
-        wake = time.monotonic() + min(s for s in (self._ingestion_interval_s, self._keepalive_s) if s)
-        while not self._stop.wait(max(0.0, wake - time.monotonic())):
-            wake = self._writer.tick()
+        self._writer.run_ticker(self._stop.wait)
 
     # -- lifecycle ----------------------------------------------------------------------------------
 

@@ -114,6 +114,13 @@ class MarkerWriter:
 
     # -- the ticker -----------------------------------------------------------------------------------
 
+    def run_ticker(self, wait: Callable[[float], bool]) -> None:
+        """The ticker thread's loop: `wait(timeout_s)` sleeps like `threading.Event.wait` (True: stop)."""
+        assert self.schedule is not None, "a ticker without a keepalive or ingestion interval"
+        wake = self._monotonic() + min(s for s in (self.schedule.keepalive_s, self.schedule.ingestion_s) if s)
+        while not wait(max(0.0, wake - self._monotonic())):
+            wake = self.tick()
+
     def tick(self) -> float:
         """One wake-up of the ticker: send what is due; returns when (monotonic) to wake up next."""
         assert self.schedule is not None, "tick() without a keepalive or ingestion interval"
