@@ -32,11 +32,12 @@ class TickerSchedule:
         if self.keepalive_s is None and self.ingestion_s is None:
             raise ValueError("a ticker schedule needs a keepalive or an ingestion interval")
 
-    def plan(self, now: float, last_marker_at: float, last_ingestion_at: float) -> tuple[Tick, float]:
+    def plan(self, now: float, last_marker_at: float, last_ingestion_at: float, asserting: bool) -> tuple[Tick, float]:
         """What to do at `now`, and when to wake up next.
 
         `last_marker_at` is when the producer last handed any marker to Pulsar, `last_ingestion_at`
-        when the ticker last sent an ingestion-time W_SET.
+        when the ticker last sent an ingestion-time W_SET; `asserting` is whether the producer's
+        latest marker leaves it asserting a W_SET (not idle, not before its first W_SET).
         """
         period = min(s for s in (self.keepalive_s, self.ingestion_s) if s)
         if self.ingestion_s:

@@ -125,7 +125,9 @@ class MarkerWriter:
         """One wake-up of the ticker: send what is due; returns when (monotonic) to wake up next."""
         assert self.schedule is not None, "tick() without a keepalive or ingestion interval"
         now = self._monotonic()
-        action, wake = self.schedule.plan(now, self._last_marker_at, self._last_ingestion_at)
+        with self._lock:
+            asserting = not self._idle and self._last_event_time is not None
+        action, wake = self.schedule.plan(now, self._last_marker_at, self._last_ingestion_at, asserting)
         try:
             if action is Tick.INGESTION:
                 self._last_ingestion_at = now
