@@ -15,6 +15,7 @@ from typing import Any
 import pulsar
 
 from producer.routing import TARGET_PARTITION_PROPERTY, MarkerAwareRouter
+from producer.schedule import check_intervals
 from producer.writer import (
     MarkerWriter,
     SendCallback,
@@ -24,6 +25,7 @@ from producer.writer import (
 )
 from watermark_core.errors import explained, service_url_of
 from watermark_core.protocol import MARKER_PROPERTY, MarkerKind
+from watermark_core.state import WatermarkConfig
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +72,11 @@ class WatermarkProducer:
 
     `ingestion_time_interval_ms`: also send the wall-clock time as a watermark at that interval
     (ingestion-time watermarks); data sent without an event time then gets the send time.
-    `keepalive_interval_ms`: re-send the latest watermark when no marker went out for that long,
-    so the generator's producer timeout (decided from the log) does not drop a live producer.
+    `keepalive_interval_ms`: send a marker at most that long after the previous one (re-sending the
+    latest watermark), so the generator's producer timeout (decided from the log) does not drop a
+    live producer; None turns it off. `producer_timeout_ms`: the generator's producer timeout these
+    intervals must stay below (default the generator's default, 60 s); a configuration that leaves
+    no margin against it is refused (docs/DECISIONS.md, "Keepalive").
     """
 
     def __init__(
@@ -82,10 +87,13 @@ class WatermarkProducer:
         *,
         ingestion_time_interval_ms: int | None = None,
         keepalive_interval_ms: int | None = 20_000,
+        producer_timeout_ms: int = WatermarkConfig().producer_timeout_ms,
         **producer_options: Any,
     ) -> None:
         self._ingestion_interval_s = _positive_ms(ingestion_time_interval_ms, "ingestion_time_interval_ms")
         self._keepalive_s = _positive_ms(keepalive_interval_ms, "keepalive_interval_ms")
+        _positive_ms(producer_timeout_ms, "producer_timeout_ms", allow_none=False)
+        check_intervals(keepalive_interval_ms, ingestion_time_interval_ms, producer_timeout_ms)
         self._client = client
         self.topic = topic
         # A broker that is down, a wrong URL, a missing namespace or a refused token: one clear error.
@@ -190,11 +198,12 @@ def _check_properties(kwargs: dict[str, Any]) -> None:
         )
 
 
-def _positive_ms(value: int | None, name: str) -> float | None:
-    if value is None:
+def _positive_ms(value: int | None, name: str, allow_none: bool = True) -> float | None:
+    if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive number of milliseconds or None, got {value!r}")
+        accepted = "a positive number of milliseconds" + (" or None" if allow_none else "")
+        raise ValueError(f"{name} must be {accepted}, got {value!r}")
     return value / 1000
 
 

@@ -65,7 +65,8 @@ class MarkerWriter:
         self.schedule = TickerSchedule(keepalive_s, ingestion_s) if keepalive_s or ingestion_s else None
         self.ingestion = bool(ingestion_s)
         self.stamps = StampOrder(wall_ms)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        """Orders markers and the state they leave; held while a marker is handed over."""
         self._last_event_time: int | None = None
         self._idle = False
         self._last_marker_at = monotonic()
@@ -91,55 +92,72 @@ class MarkerWriter:
 
     # -- markers --------------------------------------------------------------------------------------
 
-    def _send_marker(self, kind: MarkerKind, payload: bytes) -> list[Any]:
-        self.check_open()
-        ids = self._sink.send(kind, payload)
-        self._last_marker_at = self._monotonic()
-        return ids
+    def _send_marker(self, kind: MarkerKind, payload: bytes, record: Callable[[], None]) -> list[Any]:
+        """Send a marker to every partition and wait, then `record()` what it did.
 
-    def _send_marker_async(self, kind: MarkerKind, payload: bytes, callback: SendCallback | None) -> None:
-        self.check_open()
-        self._sink.send_async(kind, payload, callback)
-        self._last_marker_at = self._monotonic()
+        One lock orders every marker (the application's and the ticker's): the log has them in the
+        order their effects are recorded, so the keepalive never re-sends a state a later marker
+        already replaced. The send time is taken before the hand-over, so it is never after the
+        marker's publish time.
+        """
+        with self._lock:
+            self.check_open()
+            self._last_marker_at = self._monotonic()
+            ids = self._sink.send(kind, payload)
+            record()
+            return ids
+
+    def _send_marker_async(
+        self, kind: MarkerKind, payload: bytes, record: Callable[[], None], callback: SendCallback | None
+    ) -> None:
+        with self._lock:
+            self.check_open()
+            self._last_marker_at = self._monotonic()
+            self._sink.send_async(kind, payload, callback)
+            record()
 
     def _asserted(self, event_time: int) -> None:
-        with self._lock:
-            self._last_event_time = event_time
-            self._idle = False
+        self._last_event_time = event_time
+        self._idle = False
         self.stamps.asserted(event_time)
 
     def _went_idle(self) -> None:
-        with self._lock:
-            self._idle = True
+        self._idle = True
 
     # -- the ticker -----------------------------------------------------------------------------------
 
     def run_ticker(self, wait: Callable[[float], bool]) -> None:
         """The ticker thread's loop: `wait(timeout_s)` sleeps like `threading.Event.wait` (True: stop)."""
-        assert self.schedule is not None, "a ticker without a keepalive or ingestion interval"
-        wake = self._monotonic() + min(s for s in (self.schedule.keepalive_s, self.schedule.ingestion_s) if s)
+        wake = self._monotonic()
         while not wait(max(0.0, wake - self._monotonic())):
             wake = self.tick()
 
     def tick(self) -> float:
         """One wake-up of the ticker: send what is due; returns when (monotonic) to wake up next."""
         assert self.schedule is not None, "tick() without a keepalive or ingestion interval"
-        now = self._monotonic()
-        with self._lock:
-            asserting = not self._idle and self._last_event_time is not None
-        action, wake = self.schedule.plan(now, self._last_marker_at, self._last_ingestion_at, asserting)
-        try:
-            if action is Tick.INGESTION:
-                self._last_ingestion_at = now
-                WatermarkBuilder(self, None).event_time(self.stamps.now()).send_async()
-            elif action is Tick.KEEPALIVE:
-                with self._lock:
-                    event_time = None if self._idle else self._last_event_time
-                if event_time is not None:
-                    WatermarkBuilder(self, None).event_time(event_time).send_async()
-        except Exception:  # a broker hiccup must not kill the ticker; the next tick retries
-            log.warning("watermark keepalive for %s failed", self.label, exc_info=True)
-        return wake
+        with self._lock:  # a marker in progress first: it may be the one that makes a keepalive unnecessary
+            action, wake = self._plan()
+            try:
+                if action is Tick.INGESTION:
+                    self._last_ingestion_at = self._monotonic()
+                    event_time = self.stamps.now()
+                    self._send_marker_async(
+                        MarkerKind.W_SET, encode_set(event_time), lambda: self._asserted(event_time), None
+                    )
+                elif action is Tick.KEEPALIVE:
+                    assert self._last_event_time is not None
+                    kept = self._last_event_time
+                    self._send_marker_async(MarkerKind.W_SET, encode_set(kept), lambda: self._asserted(kept), None)
+            except Exception:  # a broker hiccup must not kill the ticker; the next keepalive retries
+                log.warning("watermark keepalive for %s failed", self.label, exc_info=True)
+            if action is not Tick.NOTHING:
+                action, wake = self._plan()
+            return wake
+
+    def _plan(self) -> tuple[Tick, float]:
+        assert self.schedule is not None
+        asserting = not self._idle and self._last_event_time is not None
+        return self.schedule.plan(self._monotonic(), self._last_marker_at, self._last_ingestion_at, asserting)
 
 
 class WatermarkTransaction:
@@ -165,14 +183,16 @@ class WatermarkTransaction:
     def commit(self) -> None:
         """The pending watermark takes effect at the commit's position in the log."""
         self._check_open()
-        self._writer._send_marker(MarkerKind.W_TXN_COMMIT, encode_txn_commit(self.txn_id))
+        self._writer._send_marker(MarkerKind.W_TXN_COMMIT, encode_txn_commit(self.txn_id), self._committed)
         self._outcome = "committed"
+
+    def _committed(self) -> None:
         if self._pending_event_time is not None:
             self._writer._asserted(self._pending_event_time)
 
     def abort(self) -> None:
         self._check_open()
-        self._writer._send_marker(MarkerKind.W_TXN_ABORT, encode_txn_abort(self.txn_id))
+        self._writer._send_marker(MarkerKind.W_TXN_ABORT, encode_txn_abort(self.txn_id), lambda: None)
         self._outcome = "aborted"
 
 
@@ -220,12 +240,9 @@ class WatermarkBuilder:
     def send(self) -> list[Any]:
         """Send the marker to every partition and wait; returns one message id per partition."""
         kind, payload = self._payload()
-        ids = self._writer._send_marker(kind, payload)
-        self._record()
-        return ids
+        return self._writer._send_marker(kind, payload, self._record)
 
     def send_async(self, callback: SendCallback | None = None) -> None:
         """Send without waiting; `callback(result, message_id)` runs once all partitions answered."""
         kind, payload = self._payload()
-        self._writer._send_marker_async(kind, payload, callback)
-        self._record()
+        self._writer._send_marker_async(kind, payload, self._record, callback)
