@@ -55,24 +55,31 @@ class TickerSchedule:
         if self.keepalive_s is None and self.ingestion_s is None:
             raise ValueError("a ticker schedule needs a keepalive or an ingestion interval")
 
-    def plan(self, now: float, last_marker_at: float, last_ingestion_at: float, asserting: bool) -> tuple[Tick, float]:
+    def plan(
+        self, now: float, last_marker_at: float, last_ingestion_at: float, event_time: int | None, idle: bool
+    ) -> tuple[Tick, float]:
         """What to do at `now`, and when to wake up next (`now` after an action: plan again then).
 
         `last_marker_at` is when the producer last handed any marker to Pulsar, `last_ingestion_at`
-        when the ticker last sent an ingestion-time W_SET; `asserting` is whether the producer's
-        latest marker leaves it asserting a W_SET (not idle, not before its first W_SET).
+        when the ticker last sent an ingestion-time W_SET; `event_time` and `idle` are what the
+        producer's markers so far leave in the log: its latest W_SET (None before the first) and
+        whether a W_IDLE came after it (transactional ones once committed).
 
+        A keepalive re-sends the latest W_SET of a producer that asserts one; an idle producer gets
+        none, nor ingestion-time W_SETs, until its next W_SET (docs/DECISIONS.md, issue #17, 4).
         With ingestion-time watermarks a due keepalive is a fresh ingestion W_SET. When nothing is
-        to be kept alive the ticker still wakes up within K: a marker sent meanwhile makes the next
-        keepalive due no earlier than K after it, so that wake-up is never late.
+        due the ticker still wakes up within the shorter interval: a marker sent meanwhile makes
+        the next keepalive due no earlier than K after it, so that wake-up is never late.
         """
-        ingestion_due = last_ingestion_at + self.ingestion_s if self.ingestion_s else math.inf
+        asserting = event_time is not None and not idle
+        ingestion_due = last_ingestion_at + self.ingestion_s if self.ingestion_s and not idle else math.inf
         keepalive = keepalive_due(last_marker_at, self.keepalive_s) if self.keepalive_s and asserting else math.inf
-        if now >= ingestion_due or (self.ingestion_s and now >= keepalive):
+        if now >= ingestion_due or (ingestion_due < math.inf and now >= keepalive):
             return Tick.INGESTION, now
         if now >= keepalive:
             return Tick.KEEPALIVE, now
-        return Tick.NOTHING, min(ingestion_due, keepalive, now + (self.keepalive_s or math.inf))
+        shortest = min(s for s in (self.keepalive_s, self.ingestion_s) if s)
+        return Tick.NOTHING, min(ingestion_due, keepalive, now + shortest)
 
 
 def check_intervals(keepalive_ms: int | None, ingestion_ms: int | None, producer_timeout_ms: int) -> None:

@@ -75,7 +75,8 @@ class MarkerWriter:
 
     @property
     def last_watermark(self) -> int | None:
-        """The latest event time this producer asserted (None before the first or after idling)."""
+        """What the log says this producer asserts: its latest W_SET (committed ones included), None
+        before the first or while idle. This is what the keepalive re-sends."""
         return None if self._idle else self._last_event_time
 
     def check_open(self) -> None:
@@ -156,8 +157,9 @@ class MarkerWriter:
 
     def _plan(self) -> tuple[Tick, float]:
         assert self.schedule is not None
-        asserting = not self._idle and self._last_event_time is not None
-        return self.schedule.plan(self._monotonic(), self._last_marker_at, self._last_ingestion_at, asserting)
+        return self.schedule.plan(
+            self._monotonic(), self._last_marker_at, self._last_ingestion_at, self._last_event_time, self._idle
+        )
 
 
 class WatermarkTransaction:
@@ -166,7 +168,8 @@ class WatermarkTransaction:
     def __init__(self, writer: MarkerWriter) -> None:
         self.txn_id = uuid.uuid4().hex
         self._writer = writer
-        self._pending_event_time: int | None = None
+        self._pending: tuple[MarkerKind, int | None] | None = None
+        """The latest marker sent inside it (the latest wins, as in the log): what its commit applies."""
         self._outcome: str | None = None
 
     @property
@@ -187,8 +190,13 @@ class WatermarkTransaction:
         self._outcome = "committed"
 
     def _committed(self) -> None:
-        if self._pending_event_time is not None:
-            self._writer._asserted(self._pending_event_time)
+        """The commit applies the pending marker, W_SET or W_IDLE: the keepalive must see it too."""
+        if self._pending is not None:
+            kind, event_time = self._pending
+            if event_time is not None:
+                self._writer._asserted(event_time)
+            elif kind is MarkerKind.W_IDLE:
+                self._writer._went_idle()
 
     def abort(self) -> None:
         self._check_open()
@@ -229,9 +237,9 @@ class WatermarkBuilder:
         return MarkerKind.W_SET, encode_set(self._event_time, txn_id)
 
     def _record(self) -> None:
+        """What the marker did, as the log will fold it: the producer's state, or its transaction's."""
         if self._txn is not None:
-            if self._event_time is not None:
-                self._txn._pending_event_time = self._event_time
+            self._txn._pending = (MarkerKind.W_IDLE, None) if self._idle else (MarkerKind.W_SET, self._event_time)
         elif self._idle:
             self._writer._went_idle()
         elif self._event_time is not None:

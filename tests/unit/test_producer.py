@@ -212,7 +212,7 @@ def test_the_ticker_sends_when_a_keepalive_is_due_and_otherwise_wakes_up_no_late
     """The pure schedule: the bound above holds at every wake-up, whatever the times."""
     now = last_marker_at + since
     schedule = TickerSchedule(keepalive_s, ingestion_s)
-    action, wake = schedule.plan(now, last_marker_at, now - ingestion_since, asserting=True)
+    action, wake = schedule.plan(now, last_marker_at, now - ingestion_since, event_time=5, idle=False)
     due = last_marker_at + keepalive_s
     if now >= due:
         assert action is not Tick.NOTHING
@@ -281,9 +281,6 @@ def test_a_live_producer_is_never_expired_by_a_producer_whose_clock_runs_ahead_w
 
 # -- issue #17, 4: the keepalive re-sends what the log says, transactions included --------------------------
 
-XFAIL_4 = pytest.mark.xfail(strict=True, reason="issue #17, 4: a committed transaction's W_IDLE is not recorded")
-
-
 def folded(sent: list[Sent], config: WatermarkConfig | None = None) -> WatermarkState:
     """What the generator makes of the markers the writer sent (producer "p1", publish time = `at`)."""
     state = WatermarkState.initial(config or WatermarkConfig(producer_timeout_ms=10**9, txn_timeout_ms=10**9))
@@ -299,7 +296,6 @@ def asserted_in_log(state: WatermarkState) -> int | None:
     return None if record is None or record.idle else record.event_time
 
 
-@XFAIL_4
 def test_a_committed_transactional_w_idle_is_not_undone_by_the_keepalive() -> None:
     clock = Clock()
     writer, sink = writer_for(clock, keepalive_s=20.0)
@@ -316,7 +312,6 @@ def test_a_committed_transactional_w_idle_is_not_undone_by_the_keepalive() -> No
     assert asserted_in_log(folded(sink.sent)) is None
 
 
-@XFAIL_4
 def test_inside_a_transaction_the_latest_marker_is_what_its_commit_records() -> None:
     clock = Clock()
     writer, sink = writer_for(clock, keepalive_s=20.0)
@@ -336,7 +331,6 @@ def test_inside_a_transaction_the_latest_marker_is_what_its_commit_records() -> 
     assert writer.last_watermark == 300 == asserted_in_log(folded(sink.sent))
 
 
-@XFAIL_4
 def test_an_idle_ingestion_time_producer_sends_no_w_set_until_its_next_one() -> None:
     """The ingestion ticker would undo W_IDLE the same way; it pauses until the application's next W_SET."""
     clock = Clock()
@@ -368,7 +362,6 @@ OPERATIONS = st.lists(
 )
 
 
-@XFAIL_4
 @RELAXED
 @given(OPERATIONS, st.booleans())
 def test_the_producer_keeps_alive_exactly_what_the_log_says_it_asserts(
