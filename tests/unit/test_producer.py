@@ -8,6 +8,9 @@ its `publish_time`.
 from __future__ import annotations
 
 import heapq
+import random
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from producer.ingestion import wall_clock_ms
 from producer.schedule import KEEPALIVE_SLACK_MS, Tick, TickerSchedule, check_intervals
 from producer.writer import MarkerWriter, SendCallback, WatermarkBuilder, WatermarkTransaction
 from watermark_core.protocol import Marker, MarkerKind, position_of
@@ -398,3 +402,99 @@ def test_the_producer_keeps_alive_exactly_what_the_log_says_it_asserts(
         builder.send_async() if use_async else builder.send()
         assert writer.last_watermark == asserted_in_log(folded(sink.sent))
     assert writer.last_watermark == asserted_in_log(folded(sink.sent))
+
+
+# -- issue #17, 5: ingestion-time stamps and the W_SET ticker are ordered -----------------------------------
+
+XFAIL_5 = pytest.mark.xfail(strict=True, reason="issue #17, 5: W_SET(t) may be sent before data stamped below t")
+
+
+class SharedLog:
+    """The order in which data and markers are handed to Pulsar: the order the log will have."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock
+        self.entries: list[tuple[str, int | None]] = []
+        self._lock = threading.Lock()
+
+    def data(self, stamp: int | None) -> None:
+        with self._lock:
+            self.entries.append(("data", stamp))
+
+    def send(self, kind: MarkerKind, payload: bytes) -> list[Any]:
+        with self._lock:
+            self.entries.append((kind.value, msgpack.unpackb(payload).get("event_time")))
+        return []
+
+    def send_async(self, kind: MarkerKind, payload: bytes, callback: SendCallback | None) -> None:
+        self.send(kind, payload)
+
+    def broken_promises(self) -> list[tuple[int, int]]:
+        """(W_SET, data stamp) for each data message handed over after a W_SET above its stamp."""
+        broken, highest = [], None
+        for kind, value in self.entries:
+            if kind == "W_SET" and value is not None:
+                highest = value if highest is None else max(highest, value)
+            elif kind == "data" and value is not None and highest is not None and value < highest:
+                broken.append((highest, value))
+        return broken
+
+
+@XFAIL_5
+def test_the_ticker_cannot_assert_past_a_stamped_message_that_is_not_handed_over_yet() -> None:
+    """The issue's interleaving: send() stamps the wall clock, the ticker runs, then the message is handed over."""
+    clock = Clock()
+    log = SharedLog()
+    writer = MarkerWriter(
+        log, "p1 on t", keepalive_s=None, ingestion_s=1.0, monotonic=clock.monotonic, wall_ms=clock.wall_ms
+    )
+    stamped, ticked = threading.Event(), threading.Event()
+
+    def hand_over(stamp: int | None) -> None:  # what Producer.send does with the stamp, a little late
+        stamped.set()
+        ticked.wait(timeout=1.0)  # the fixed ticker may wait for this hand-over: then this times out
+        log.data(stamp)
+
+    def ticker() -> None:
+        stamped.wait(timeout=5.0)
+        clock.now += 2.0  # the wall clock moved on, the ingestion W_SET is due
+        writer.tick()
+        ticked.set()
+
+    thread = threading.Thread(target=ticker)
+    thread.start()
+    writer.send_data(hand_over)
+    thread.join(timeout=10)
+    assert sorted(kind for kind, _ in log.entries) == ["W_SET", "data"]
+    assert log.broken_promises() == []
+
+
+@XFAIL_5
+def test_data_stamps_never_go_below_a_w_set_sent_before_them_with_threads() -> None:
+    """Senders in threads (each hand-over a little late), the real ticker loop, and the application's own
+    W_SETs slightly ahead of the wall clock: no data message lands after a W_SET above its stamp."""
+    log = SharedLog()
+    writer = MarkerWriter(log, "p1 on t", keepalive_s=None, ingestion_s=0.0005)
+    stop = threading.Event()
+    ticker = threading.Thread(target=writer.run_ticker, args=(stop.wait,))
+    ticker.start()
+
+    def sender(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(300):
+            writer.send_data(lambda stamp: (time.sleep(rng.choice([0, 0, 0.0002, 0.001])), log.data(stamp)))
+
+    def asserter() -> None:
+        for _ in range(50):
+            WatermarkBuilder(writer, None).event_time(wall_clock_ms() + 2).send()
+            time.sleep(0.002)
+
+    threads = [threading.Thread(target=sender, args=(seed,)) for seed in range(4)] + [threading.Thread(target=asserter)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    stop.set()
+    ticker.join(timeout=10)
+    assert sum(kind == "W_SET" for kind, _ in log.entries) > 50
+    assert log.broken_promises() == []
