@@ -93,34 +93,53 @@ class MarkerWriter:
 
     # -- markers --------------------------------------------------------------------------------------
 
-    def _send_marker(self, kind: MarkerKind, payload: bytes, record: Callable[[], None]) -> list[Any]:
-        """Send a marker to every partition and wait, then `record()` what it did.
+    def _send_marker(
+        self,
+        kind: MarkerKind,
+        payload: bytes,
+        record: Callable[[], None],
+        *,
+        asserts: int | None = None,
+        sync: bool = True,
+        callback: SendCallback | None = None,
+    ) -> list[Any]:
+        """Hand a marker to every partition (and wait for them if `sync`), then `record()` what it did.
 
         One lock orders every marker (the application's and the ticker's): the log has them in the
         order their effects are recorded, so the keepalive never re-sends a state a later marker
         already replaced. The send time is taken before the hand-over, so it is never after the
-        marker's publish time.
+        marker's publish time. A marker that makes the producer assert `asserts` (a W_SET, or the
+        commit of one) is handed over in order with the ingestion-time stamps (`StampOrder`).
         """
+
+        def hand_over(_: int) -> list[Any]:
+            if sync:
+                return self._sink.send(kind, payload)
+            self._sink.send_async(kind, payload, callback)
+            return []
+
         with self._lock:
             self.check_open()
             self._last_marker_at = self._monotonic()
-            ids = self._sink.send(kind, payload)
+            ids = hand_over(0) if asserts is None else self.stamps.send_set(asserts, hand_over)
             record()
             return ids
 
-    def _send_marker_async(
-        self, kind: MarkerKind, payload: bytes, record: Callable[[], None], callback: SendCallback | None
-    ) -> None:
+    def _send_ingestion_set(self) -> None:
+        """The ticker's W_SET of the wall clock, or of the lowest ingestion-time stamp not handed over yet."""
+
+        def hand_over(event_time: int) -> None:
+            self._sink.send_async(MarkerKind.W_SET, encode_set(event_time), None)
+            self._asserted(event_time)
+
         with self._lock:
             self.check_open()
             self._last_marker_at = self._monotonic()
-            self._sink.send_async(kind, payload, callback)
-            record()
+            self.stamps.send_set(None, hand_over)
 
     def _asserted(self, event_time: int) -> None:
         self._last_event_time = event_time
         self._idle = False
-        self.stamps.asserted(event_time)
 
     def _went_idle(self) -> None:
         self._idle = True
@@ -141,14 +160,13 @@ class MarkerWriter:
             try:
                 if action is Tick.INGESTION:
                     self._last_ingestion_at = self._monotonic()
-                    event_time = self.stamps.now()
-                    self._send_marker_async(
-                        MarkerKind.W_SET, encode_set(event_time), lambda: self._asserted(event_time), None
-                    )
+                    self._send_ingestion_set()
                 elif action is Tick.KEEPALIVE:
                     assert self._last_event_time is not None
                     kept = self._last_event_time
-                    self._send_marker_async(MarkerKind.W_SET, encode_set(kept), lambda: self._asserted(kept), None)
+                    self._send_marker(
+                        MarkerKind.W_SET, encode_set(kept), lambda: self._asserted(kept), asserts=kept, sync=False
+                    )
             except Exception:  # a broker hiccup must not kill the ticker; the next keepalive retries
                 log.warning("watermark keepalive for %s failed", self.label, exc_info=True)
             if action is not Tick.NOTHING:
@@ -186,7 +204,10 @@ class WatermarkTransaction:
     def commit(self) -> None:
         """The pending watermark takes effect at the commit's position in the log."""
         self._check_open()
-        self._writer._send_marker(MarkerKind.W_TXN_COMMIT, encode_txn_commit(self.txn_id), self._committed)
+        asserts = self._pending[1] if self._pending is not None else None
+        self._writer._send_marker(
+            MarkerKind.W_TXN_COMMIT, encode_txn_commit(self.txn_id), self._committed, asserts=asserts
+        )
         self._outcome = "committed"
 
     def _committed(self) -> None:
@@ -248,9 +269,13 @@ class WatermarkBuilder:
     def send(self) -> list[Any]:
         """Send the marker to every partition and wait; returns one message id per partition."""
         kind, payload = self._payload()
-        return self._writer._send_marker(kind, payload, self._record)
+        return self._writer._send_marker(kind, payload, self._record, asserts=self._asserts())
 
     def send_async(self, callback: SendCallback | None = None) -> None:
         """Send without waiting; `callback(result, message_id)` runs once all partitions answered."""
         kind, payload = self._payload()
-        self._writer._send_marker_async(kind, payload, self._record, callback)
+        self._writer._send_marker(kind, payload, self._record, asserts=self._asserts(), sync=False, callback=callback)
+
+    def _asserts(self) -> int | None:
+        """The event time this marker makes the producer assert at once (not inside a transaction)."""
+        return self._event_time if self._txn is None and not self._idle else None

@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from producer.ingestion import wall_clock_ms
+from producer.ingestion import StampOrder, wall_clock_ms
 from producer.schedule import KEEPALIVE_SLACK_MS, Tick, TickerSchedule, check_intervals
 from producer.writer import MarkerWriter, SendCallback, WatermarkBuilder, WatermarkTransaction
-from watermark_core.protocol import Marker, MarkerKind, position_of
+from watermark_core.protocol import Marker, MarkerKind, encode_set, position_of
 from watermark_core.state import WatermarkConfig, WatermarkState
 
 pytestmark = pytest.mark.unit
@@ -406,9 +406,6 @@ def test_the_producer_keeps_alive_exactly_what_the_log_says_it_asserts(
 
 # -- issue #17, 5: ingestion-time stamps and the W_SET ticker are ordered -----------------------------------
 
-XFAIL_5 = pytest.mark.xfail(strict=True, reason="issue #17, 5: W_SET(t) may be sent before data stamped below t")
-
-
 class SharedLog:
     """The order in which data and markers are handed to Pulsar: the order the log will have."""
 
@@ -440,7 +437,6 @@ class SharedLog:
         return broken
 
 
-@XFAIL_5
 def test_the_ticker_cannot_assert_past_a_stamped_message_that_is_not_handed_over_yet() -> None:
     """The issue's interleaving: send() stamps the wall clock, the ticker runs, then the message is handed over."""
     clock = Clock()
@@ -469,7 +465,6 @@ def test_the_ticker_cannot_assert_past_a_stamped_message_that_is_not_handed_over
     assert log.broken_promises() == []
 
 
-@XFAIL_5
 def test_data_stamps_never_go_below_a_w_set_sent_before_them_with_threads() -> None:
     """Senders in threads (each hand-over a little late), the real ticker loop, and the application's own
     W_SETs slightly ahead of the wall clock: no data message lands after a W_SET above its stamp."""
@@ -497,4 +492,33 @@ def test_data_stamps_never_go_below_a_w_set_sent_before_them_with_threads() -> N
     stop.set()
     ticker.join(timeout=10)
     assert sum(kind == "W_SET" for kind, _ in log.entries) > 50
+    assert log.broken_promises() == []
+
+
+def test_a_w_set_above_a_stamp_in_flight_waits_for_its_hand_over_and_later_stamps_are_not_below_it() -> None:
+    wall = [1_000]
+    order = StampOrder(lambda: wall[0])
+    log = SharedLog()
+    stamped, release = threading.Event(), threading.Event()
+
+    def slow_hand_over(stamp: int) -> None:
+        stamped.set()
+        release.wait(timeout=5)
+        log.data(stamp)
+
+    sender = threading.Thread(target=order.send_data, args=(slow_hand_over,))
+    sender.start()
+    stamped.wait(timeout=5)
+    w_set = threading.Thread(target=order.send_set, args=(5_000, lambda t: log.send(MarkerKind.W_SET, encode_set(t))))
+    w_set.start()
+    w_set.join(timeout=0.2)
+    assert w_set.is_alive() and log.entries == []  # waiting for the message stamped 1000
+    release.set()
+    sender.join(timeout=5)
+    w_set.join(timeout=5)
+    assert log.entries == [("data", 1_000), ("W_SET", 5_000)]
+    wall[0] = 900  # the wall clock stepped back
+    order.send_data(log.data)
+    assert order.send_set(None, lambda t: t) == 5_000
+    assert log.entries[-1] == ("data", 5_000)
     assert log.broken_promises() == []
