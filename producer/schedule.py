@@ -55,6 +55,11 @@ class TickerSchedule:
         if self.keepalive_s is None and self.ingestion_s is None:
             raise ValueError("a ticker schedule needs a keepalive or an ingestion interval")
 
+    @property
+    def shortest_s(self) -> float:
+        """The shorter of the two intervals."""
+        return min(s for s in (self.keepalive_s, self.ingestion_s) if s)
+
     def plan(
         self, now: float, last_marker_at: float, last_ingestion_at: float, event_time: int | None, idle: bool
     ) -> tuple[Tick, float]:
@@ -78,8 +83,7 @@ class TickerSchedule:
             return Tick.INGESTION, now
         if now >= keepalive:
             return Tick.KEEPALIVE, now
-        shortest = min(s for s in (self.keepalive_s, self.ingestion_s) if s)
-        return Tick.NOTHING, min(ingestion_due, keepalive, now + shortest)
+        return Tick.NOTHING, min(ingestion_due, keepalive, now + self.shortest_s)
 
 
 def check_intervals(keepalive_ms: int | None, ingestion_ms: int | None, producer_timeout_ms: int) -> None:

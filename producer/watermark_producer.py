@@ -123,7 +123,8 @@ class WatermarkProducer:
 
     @property
     def last_watermark(self) -> int | None:
-        """The latest event time this producer asserted (None before the first or after idling)."""
+        """What the log says this producer asserts: its latest W_SET (committed ones included), None
+        before the first or while idle. This is what the keepalive re-sends."""
         return self._writer.last_watermark
 
     # -- data --------------------------------------------------------------------------------------

@@ -157,11 +157,13 @@ class MarkerWriter:
         assert self.schedule is not None, "tick() without a keepalive or ingestion interval"
         with self._lock:  # a marker in progress first: it may be the one that makes a keepalive unnecessary
             action, wake = self._plan()
+            if action is Tick.NOTHING:
+                return wake
             try:
                 if action is Tick.INGESTION:
                     self._last_ingestion_at = self._monotonic()
                     self._send_ingestion_set()
-                elif action is Tick.KEEPALIVE:
+                else:
                     assert self._last_event_time is not None
                     kept = self._last_event_time
                     self._send_marker(
@@ -169,9 +171,9 @@ class MarkerWriter:
                     )
             except Exception:  # a broker hiccup must not kill the ticker; the next keepalive retries
                 log.warning("watermark keepalive for %s failed", self.label, exc_info=True)
-            if action is not Tick.NOTHING:
-                action, wake = self._plan()
-            return wake
+            action, wake = self._plan()
+            # Still due: the marker was not handed over. Try again one interval later, not in a loop.
+            return wake if action is Tick.NOTHING else self._monotonic() + self.schedule.shortest_s
 
     def _plan(self) -> tuple[Tick, float]:
         assert self.schedule is not None

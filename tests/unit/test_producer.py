@@ -522,3 +522,15 @@ def test_a_w_set_above_a_stamp_in_flight_waits_for_its_hand_over_and_later_stamp
     assert order.send_set(None, lambda t: t) == 5_000
     assert log.entries[-1] == ("data", 5_000)
     assert log.broken_promises() == []
+
+
+def test_a_keepalive_that_cannot_be_handed_over_is_retried_one_interval_later_not_in_a_loop() -> None:
+    clock = Clock()
+    writer, sink = writer_for(clock, keepalive_s=20.0)
+    WatermarkBuilder(writer, None).event_time(100).send()
+    writer.closed = True  # every hand-over now raises before it starts
+    clock.now += 20.0
+    assert writer.tick() == 40.0
+    writer.closed = False
+    clock.now += 20.0
+    assert writer.tick() == 60.0 and [m.at for m in sink.sent] == [0.0, 40.0]
