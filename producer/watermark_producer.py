@@ -10,240 +10,48 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pulsar
 
 from producer.routing import TARGET_PARTITION_PROPERTY, MarkerAwareRouter
+from producer.schedule import check_intervals
+from producer.writer import (
+    MarkerWriter,
+    SendCallback,
+    TransactionClosedError,
+    WatermarkBuilder,
+    WatermarkTransaction,
+)
 from pulsar_access.errors import explained, service_url_of
 from pulsar_access.topics import full_name
-from watermark_core.protocol import (
-    MARKER_PROPERTY,
-    MarkerKind,
-    encode_idle,
-    encode_set,
-    encode_txn_abort,
-    encode_txn_commit,
-)
+from watermark_core.protocol import MARKER_PROPERTY, MarkerKind
+from watermark_core.state import WatermarkConfig
 
 log = logging.getLogger(__name__)
 
-SendCallback = Callable[[pulsar.Result, Any], None]
+__all__ = ["TransactionClosedError", "WatermarkBuilder", "WatermarkProducer", "WatermarkTransaction"]
 
 
-class TransactionClosedError(ValueError):
-    """A watermark transaction was used after its commit or abort."""
+class _PartitionMarkers:
+    """The `MarkerSink` of a Pulsar producer: one copy of each marker per partition."""
 
-
-class WatermarkTransaction:
-    """Watermarks sent inside it are pending until `commit()`; `abort()` discards them."""
-
-    def __init__(self, producer: WatermarkProducer) -> None:
-        self.txn_id = uuid.uuid4().hex
+    def __init__(self, producer: pulsar.Producer, partitions: int, is_partitioned: bool) -> None:
         self._producer = producer
-        self._pending_event_time: int | None = None
-        self._outcome: str | None = None
+        self._targets: list[int | None] = list(range(partitions)) if is_partitioned else [None]
 
-    @property
-    def closed(self) -> bool:
-        return self._outcome is not None
-
-    def _check_open(self) -> None:
-        if self._outcome is not None:
-            raise TransactionClosedError(
-                f"watermark transaction {self.txn_id} was already {self._outcome}; start a new one with "
-                "producer.new_transaction()"
-            )
-
-    def commit(self) -> None:
-        """The pending watermark takes effect at the commit's position in the log."""
-        self._check_open()
-        self._producer._send_marker(MarkerKind.W_TXN_COMMIT, encode_txn_commit(self.txn_id))
-        self._outcome = "committed"
-        if self._pending_event_time is not None:
-            self._producer._asserted(self._pending_event_time)
-
-    def abort(self) -> None:
-        self._check_open()
-        self._producer._send_marker(MarkerKind.W_TXN_ABORT, encode_txn_abort(self.txn_id))
-        self._outcome = "aborted"
-
-
-class WatermarkBuilder:
-    """`producer.new_watermark().event_time(t).send()` or `.mark_idle().send()`."""
-
-    def __init__(self, producer: WatermarkProducer, txn: WatermarkTransaction | None) -> None:
-        self._producer = producer
-        self._txn = txn
-        self._event_time: int | None = None
-        self._idle = False
-
-    def event_time(self, event_time_ms: int) -> WatermarkBuilder:
-        """Assert that every later message of this producer has event time >= `event_time_ms`."""
-        encode_set(event_time_ms)  # validates: a non-negative integer of milliseconds
-        self._event_time = event_time_ms
-        self._idle = False
-        return self
-
-    def mark_idle(self) -> WatermarkBuilder:
-        """Leave this producer out of the watermark until its next `W_SET`."""
-        self._idle = True
-        self._event_time = None
-        return self
-
-    def _payload(self) -> tuple[MarkerKind, bytes]:
-        if self._txn is not None:
-            self._txn._check_open()
-        txn_id = self._txn.txn_id if self._txn is not None else None
-        if self._idle:
-            return MarkerKind.W_IDLE, encode_idle(txn_id)
-        if self._event_time is None:
-            raise ValueError("a watermark needs .event_time(t_ms) or .mark_idle() before .send()")
-        return MarkerKind.W_SET, encode_set(self._event_time, txn_id)
-
-    def _record(self) -> None:
-        if self._txn is not None:
-            if self._event_time is not None:
-                self._txn._pending_event_time = self._event_time
-        elif self._idle:
-            self._producer._went_idle()
-        elif self._event_time is not None:
-            self._producer._asserted(self._event_time)
-
-    def send(self) -> list[pulsar.MessageId]:
-        """Send the marker to every partition and wait; returns one message id per partition."""
-        kind, payload = self._payload()
-        ids = self._producer._send_marker(kind, payload)
-        self._record()
-        return ids
-
-    def send_async(self, callback: SendCallback | None = None) -> None:
-        """Send without waiting; `callback(result, message_id)` runs once all partitions answered."""
-        kind, payload = self._payload()
-        self._producer._send_marker_async(kind, payload, callback)
-        self._record()
-
-
-class WatermarkProducer:
-    """Wraps a `pulsar` producer; options it does not own pass through to `create_producer`.
-
-    `ingestion_time_interval_ms`: also send the wall-clock time as a watermark at that interval
-    (ingestion-time watermarks); data sent without an event time then gets the send time.
-    `keepalive_interval_ms`: re-send the latest watermark when no marker went out for that long,
-    so the generator's producer timeout (decided from the log) does not drop a live producer.
-    """
-
-    def __init__(
-        self,
-        client: pulsar.Client,
-        topic: str,
-        producer_name: str | None = None,
-        *,
-        ingestion_time_interval_ms: int | None = None,
-        keepalive_interval_ms: int | None = 20_000,
-        **producer_options: Any,
-    ) -> None:
-        self._ingestion_interval_s = _positive_ms(ingestion_time_interval_ms, "ingestion_time_interval_ms")
-        self._keepalive_s = _positive_ms(keepalive_interval_ms, "keepalive_interval_ms")
-        self._client = client
-        self.topic = topic
-        # A broker that is down, a wrong URL, a missing namespace or a refused token: one clear error.
-        with explained(service_url=service_url_of(client), topic=topic, doing="create a producer on"):
-            partitions = client.get_topic_partitions(topic)
-            self._partitions = len(partitions)
-            self._is_partitioned = partitions != [full_name(topic)]
-            if self._is_partitioned:
-                producer_options["message_router"] = MarkerAwareRouter(producer_options.get("message_router"))
-            self._producer = client.create_producer(topic, producer_name=producer_name, **producer_options)
-        self._lock = threading.Lock()
-        self._last_event_time: int | None = None
-        self._idle = False
-        self._last_marker_at = time.monotonic()
-        self._closed = False
-        self._stop = threading.Event()
-        self._ticker: threading.Thread | None = None
-        if self._ingestion_interval_s or self._keepalive_s:
-            self._ticker = threading.Thread(target=self._tick, name=f"wm-producer-{self.producer_name}", daemon=True)
-            self._ticker.start()
-
-    @property
-    def producer_name(self) -> str:
-        """The broker-known name: the identity of this producer's watermark."""
-        return str(self._producer.producer_name())
-
-    @property
-    def last_watermark(self) -> int | None:
-        """The latest event time this producer asserted (None before the first or after idling)."""
-        return None if self._idle else self._last_event_time
-
-    # -- data --------------------------------------------------------------------------------------
-
-    def send(self, content: bytes, **kwargs: Any) -> pulsar.MessageId:
-        """An ordinary message; keyword arguments are those of `pulsar.Producer.send`."""
-        self._stamp(kwargs)
-        return self._producer.send(content, **kwargs)
-
-    def send_async(self, content: bytes, callback: SendCallback, **kwargs: Any) -> None:
-        self._stamp(kwargs)
-        self._producer.send_async(content, callback, **kwargs)
-
-    def flush(self) -> None:
-        self._producer.flush()
-
-    def _stamp(self, kwargs: dict[str, Any]) -> None:
-        if self._ingestion_interval_s and kwargs.get("event_timestamp") is None:
-            kwargs["event_timestamp"] = self._now_ms()
-        properties = kwargs.get("properties")
-        if properties and (MARKER_PROPERTY in properties or TARGET_PARTITION_PROPERTY in properties):
-            raise ValueError(
-                f"the message properties {MARKER_PROPERTY!r} and {TARGET_PARTITION_PROPERTY!r} are reserved "
-                "for watermark markers; use new_watermark() to send a watermark"
-            )
-
-    # -- watermarks ---------------------------------------------------------------------------------
-
-    def new_watermark(self, txn: WatermarkTransaction | None = None) -> WatermarkBuilder:
-        if txn is not None and txn._producer is not self:
-            raise ValueError("that watermark transaction belongs to another producer")
-        return WatermarkBuilder(self, txn)
-
-    def new_transaction(self) -> WatermarkTransaction:
-        return WatermarkTransaction(self)
-
-    def _asserted(self, event_time: int) -> None:
-        with self._lock:
-            self._last_event_time = event_time
-            self._idle = False
-
-    def _went_idle(self) -> None:
-        with self._lock:
-            self._idle = True
-
-    def _marker_properties(self, kind: MarkerKind, partition: int | None) -> dict[str, str]:
+    @staticmethod
+    def _properties(kind: MarkerKind, partition: int | None) -> dict[str, str]:
         properties = {MARKER_PROPERTY: kind.value}
         if partition is not None:
             properties[TARGET_PARTITION_PROPERTY] = str(partition)
         return properties
 
-    def _targets(self) -> list[int | None]:
-        return list(range(self._partitions)) if self._is_partitioned else [None]
+    def send(self, kind: MarkerKind, payload: bytes) -> list[Any]:
+        return [self._producer.send(payload, properties=self._properties(kind, p)) for p in self._targets]
 
-    def _send_marker(self, kind: MarkerKind, payload: bytes) -> list[pulsar.MessageId]:
-        self._check_open()
-        ids = [
-            self._producer.send(payload, properties=self._marker_properties(kind, partition))
-            for partition in self._targets()
-        ]
-        self._last_marker_at = time.monotonic()
-        return ids
-
-    def _send_marker_async(self, kind: MarkerKind, payload: bytes, callback: SendCallback | None) -> None:
-        self._check_open()
-        targets = self._targets()
-        remaining = [len(targets)]
+    def send_async(self, kind: MarkerKind, payload: bytes, callback: SendCallback | None) -> None:
+        remaining = [len(self._targets)]
         outcome: list[tuple[pulsar.Result, Any]] = []
         guard = threading.Lock()
 
@@ -256,41 +64,114 @@ class WatermarkProducer:
             if done and callback is not None:
                 callback(*outcome[0])
 
-        for partition in targets:
-            self._producer.send_async(payload, on_sent, properties=self._marker_properties(kind, partition))
-        self._last_marker_at = time.monotonic()
+        for partition in self._targets:
+            self._producer.send_async(payload, on_sent, properties=self._properties(kind, partition))
+
+
+class WatermarkProducer:
+    """Wraps a `pulsar` producer; options it does not own pass through to `create_producer`.
+
+    `ingestion_time_interval_ms`: also send the wall-clock time as a watermark at that interval
+    (ingestion-time watermarks); data sent without an event time then gets the send time.
+    `keepalive_interval_ms`: send a marker at most that long after the previous one (re-sending the
+    latest watermark), so the generator's producer timeout (decided from the log) does not drop a
+    live producer; None turns it off. `producer_timeout_ms`: the generator's producer timeout these
+    intervals must stay below (default the generator's default, 60 s); a configuration that leaves
+    no margin against it is refused (docs/DECISIONS.md, "Keepalive").
+    """
+
+    def __init__(
+        self,
+        client: pulsar.Client,
+        topic: str,
+        producer_name: str | None = None,
+        *,
+        ingestion_time_interval_ms: int | None = None,
+        keepalive_interval_ms: int | None = 20_000,
+        producer_timeout_ms: int = WatermarkConfig().producer_timeout_ms,
+        **producer_options: Any,
+    ) -> None:
+        self._ingestion_interval_s = _positive_ms(ingestion_time_interval_ms, "ingestion_time_interval_ms")
+        self._keepalive_s = _positive_ms(keepalive_interval_ms, "keepalive_interval_ms")
+        _positive_ms(producer_timeout_ms, "producer_timeout_ms", allow_none=False)
+        check_intervals(keepalive_interval_ms, ingestion_time_interval_ms, producer_timeout_ms)
+        self._client = client
+        self.topic = topic
+        # A broker that is down, a wrong URL, a missing namespace or a refused token: one clear error.
+        with explained(service_url=service_url_of(client), topic=topic, doing="create a producer on"):
+            partitions = client.get_topic_partitions(topic)
+            self._partitions = len(partitions)
+            self._is_partitioned = partitions != [full_name(topic)]
+            if self._is_partitioned:
+                producer_options["message_router"] = MarkerAwareRouter(producer_options.get("message_router"))
+            self._producer = client.create_producer(topic, producer_name=producer_name, **producer_options)
+        self._writer = MarkerWriter(
+            _PartitionMarkers(self._producer, self._partitions, self._is_partitioned),
+            f"{self.producer_name} on {topic}",
+            keepalive_s=self._keepalive_s,
+            ingestion_s=self._ingestion_interval_s,
+        )
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        if self._writer.schedule is not None:
+            self._ticker = threading.Thread(target=self._tick, name=f"wm-producer-{self.producer_name}", daemon=True)
+            self._ticker.start()
+
+    @property
+    def producer_name(self) -> str:
+        """The broker-known name: the identity of this producer's watermark."""
+        return str(self._producer.producer_name())
+
+    @property
+    def last_watermark(self) -> int | None:
+        """What the log says this producer asserts: its latest W_SET (committed ones included), None
+        before the first or while idle. This is what the keepalive re-sends."""
+        return self._writer.last_watermark
+
+    # -- data --------------------------------------------------------------------------------------
+
+    def send(self, content: bytes, **kwargs: Any) -> pulsar.MessageId:
+        """An ordinary message; keyword arguments are those of `pulsar.Producer.send`."""
+        _check_properties(kwargs)
+        if kwargs.get("event_timestamp") is not None:
+            return self._producer.send(content, **kwargs)
+        kwargs.pop("event_timestamp", None)
+        return self._writer.send_data(lambda stamp: self._producer.send(content, event_timestamp=stamp, **kwargs))
+
+    def send_async(self, content: bytes, callback: SendCallback, **kwargs: Any) -> None:
+        _check_properties(kwargs)
+        if kwargs.get("event_timestamp") is not None:
+            self._producer.send_async(content, callback, **kwargs)
+            return
+        kwargs.pop("event_timestamp", None)
+        self._writer.send_data(
+            lambda stamp: self._producer.send_async(content, callback, event_timestamp=stamp, **kwargs)
+        )
+
+    def flush(self) -> None:
+        self._producer.flush()
+
+    # -- watermarks ---------------------------------------------------------------------------------
+
+    def new_watermark(self, txn: WatermarkTransaction | None = None) -> WatermarkBuilder:
+        if txn is not None and txn._writer is not self._writer:
+            raise ValueError("that watermark transaction belongs to another producer")
+        return WatermarkBuilder(self._writer, txn)
+
+    def new_transaction(self) -> WatermarkTransaction:
+        return WatermarkTransaction(self._writer)
 
     # -- background: ingestion time and keepalive ---------------------------------------------------
 
-    def _now_ms(self) -> int:
-        """Wall-clock milliseconds that never go back, so ingestion-time watermarks stay honest."""
-        with self._lock:
-            now = max(int(time.time() * 1000), self._last_event_time or 0)
-            return now
-
     def _tick(self) -> None:
-        periods = [s for s in (self._ingestion_interval_s, self._keepalive_s) if s]
-        while not self._stop.wait(min(periods)):
-            try:
-                if self._ingestion_interval_s:
-                    self.new_watermark().event_time(self._now_ms()).send_async()
-                elif self._keepalive_s and time.monotonic() - self._last_marker_at >= self._keepalive_s:
-                    with self._lock:
-                        event_time = None if self._idle else self._last_event_time
-                    if event_time is not None:
-                        self.new_watermark().event_time(event_time).send_async()
-            except Exception:  # a broker hiccup must not kill the ticker; the next tick retries
-                log.warning("watermark keepalive for %s on %s failed", self.producer_name, self.topic, exc_info=True)
+        """The ticker thread: wakes up when the writer's schedule says and sends what is due."""
+        self._writer.run_ticker(self._stop.wait)
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError(f"watermark producer {self.producer_name} on {self.topic} is closed")
-
     def close(self, idle: bool = True) -> None:
         """A graceful writer shutdown: `W_IDLE` first, so this producer stops holding the watermark."""
-        if self._closed:
+        if self._writer.closed:
             return
         self._stop.set()
         if self._ticker is not None:
@@ -300,7 +181,7 @@ class WatermarkProducer:
                 self.new_watermark().mark_idle().send()
             self._producer.flush()
         finally:
-            self._closed = True
+            self._writer.closed = True
             self._producer.close()
 
     def __enter__(self) -> WatermarkProducer:
@@ -310,9 +191,19 @@ class WatermarkProducer:
         self.close()
 
 
-def _positive_ms(value: int | None, name: str) -> float | None:
-    if value is None:
+def _check_properties(kwargs: dict[str, Any]) -> None:
+    properties = kwargs.get("properties")
+    if properties and (MARKER_PROPERTY in properties or TARGET_PARTITION_PROPERTY in properties):
+        raise ValueError(
+            f"the message properties {MARKER_PROPERTY!r} and {TARGET_PARTITION_PROPERTY!r} are reserved "
+            "for watermark markers; use new_watermark() to send a watermark"
+        )
+
+
+def _positive_ms(value: int | None, name: str, allow_none: bool = True) -> float | None:
+    if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive number of milliseconds or None, got {value!r}")
+        accepted = "a positive number of milliseconds" + (" or None" if allow_none else "")
+        raise ValueError(f"{name} must be {accepted}, got {value!r}")
     return value / 1000
