@@ -250,8 +250,9 @@ def _set_retention(admin: PulsarAdmin, topic: str, within_s: float = 10.0) -> No
 class TopicOracle:
     """Reads one topic's log and its companion topic; `check` judges every published watermark.
 
-    Readers open at the first `catch_up` (the topic must exist by then, with its partitions) and
-    read on from there: call `catch_up` early when the history may be deleted later.
+    Each `catch_up` reads on from where the previous one stopped, with readers it closes again (a
+    reader left open could hold on to what Pulsar would otherwise delete). The topic must exist, with
+    its partitions, at the first `catch_up`; call it early when the history may be deleted later.
     """
 
     def __init__(
@@ -271,48 +272,51 @@ class TopicOracle:
         self.folds: dict[int, PartitionFold] = {}
         self.events: list[WatermarkEvent] = []
         self.malformed_events = 0
-        self._readers: dict[int, pulsar.Reader] = {}
-        self._companion: pulsar.Reader | None = None
+        self._partitions: dict[int, str] | None = None
+        self._companion_read: Position | None = None
 
     # -- reading ------------------------------------------------------------------------------------
 
     def _partition_topics(self) -> dict[int, str]:
-        count = self.admin.partitions(self.topic)
-        return {i: partition_name(self.topic, i) for i in range(count)} if count else {-1: self.topic}
+        if self._partitions is None:
+            count = self.admin.partitions(self.topic)
+            self._partitions = {i: partition_name(self.topic, i) for i in range(count)} if count else {-1: self.topic}
+            self.folds = {index: PartitionFold(self.config) for index in self._partitions}
+        return self._partitions
 
-    def _open(self) -> None:
-        if self._companion is not None:
-            return
-        for index, name in self._partition_topics().items():
-            self._readers[index] = self.client.create_reader(name, pulsar.MessageId.earliest)
-            self.folds[index] = PartitionFold(self.config)
-        self._companion = self.client.create_reader(
-            watermark_topic_for(self.topic), pulsar.MessageId.earliest, is_read_compacted=False
-        )
+    def _read_after(self, topic: str, after: Position | None) -> Iterable[tuple[Position, pulsar.Message]]:
+        """Every message of `topic` after `after` (from its start for None), up to its end now."""
+        start = pulsar.MessageId.earliest if after is None else pulsar.MessageId(-1, *after)
+        reader = self.client.create_reader(topic, start, start_message_id_inclusive=False)
+        try:
+            for message in _drain(reader):
+                msg_id = message.message_id()
+                position = position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+                if after is None or position > after:
+                    yield position, message
+        finally:
+            with contextlib.suppress(pulsar.PulsarException):
+                reader.close()
 
     def catch_up(self) -> None:
-        """Read the companion topic, then every partition, up to their ends now.
+        """Read the companion topic, then every partition, on to their ends now.
 
         In that order, so that every event read names a position at or before what the fold has read.
         """
-        self._open()
-        assert self._companion is not None
-        for message in _drain(self._companion):
+        partitions = self._partition_topics()
+        for position, message in self._read_after(watermark_topic_for(self.topic), self._companion_read):
+            self._companion_read = position
             try:
                 table = decode_table(message.data())
             except MalformedMarker:
                 self.malformed_events += 1
                 continue
             self.events.extend(event for event in table if event.topic == self.topic)
-        for index, reader in self._readers.items():
+        for index, name in partitions.items():
             fold = self.folds[index]
-            for message in _drain(reader):
-                msg_id = message.message_id()
-                fold.read(
-                    message.properties(), message.data(), message.producer_name(),
-                    position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index()),
-                    message.publish_timestamp(),
-                )  # fmt: skip
+            for position, message in self._read_after(name, fold.last_read):
+                fold.read(message.properties(), message.data(), message.producer_name(), position,
+                          message.publish_timestamp())  # fmt: skip
 
     def final_positions(self) -> dict[Key, tuple[int, int]]:
         """Every application subscription's mark-delete position now, per partition."""
@@ -373,20 +377,6 @@ class TopicOracle:
         judge_events(self.folds, self.events, report)
         return report
 
-    def close(self) -> None:
-        for reader in [*self._readers.values(), self._companion]:
-            if reader is not None:
-                with contextlib.suppress(pulsar.PulsarException):
-                    reader.close()
-        self._readers.clear()
-        self._companion = None
-
-    def __enter__(self) -> TopicOracle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 def _drain(reader: pulsar.Reader) -> Iterable[pulsar.Message]:
     """Every message the reader has now."""
@@ -405,8 +395,7 @@ def check_topic(
     settle_s: float = SETTLE_S,
 ) -> OracleReport:
     """Run the oracle once over `topic` (whose history must be kept) and return its report."""
-    with TopicOracle(client, admin, topic, config) as oracle:
-        return oracle.check(settle_s)
+    return TopicOracle(client, admin, topic, config).check(settle_s)
 
 
 def assert_oracle_agrees(
