@@ -206,16 +206,18 @@ def test_a_subscription_created_at_earliest_on_a_topic_with_snapshots(
         return count
 
     wait_until(lambda: snapshots() >= 3, timeout_s=30, what="the generator's snapshots")
+    producer.send(b"sentinel", event_timestamp=20_000)  # after W_SET(20000) and the snapshots
     late = WatermarkConsumer(pulsar_client, topic, "late", initial_position=pulsar.InitialPosition.Earliest)
     for _ in range(155):
         late.acknowledge(late.receive(timeout_millis=10_000))
     # acknowledged m0..m154: the last marker before m155 is W_SET(10150)
     wait_until(lambda: late.get_last_watermark() is not None and late.get_last_watermark().event_time == 10_150,
                what="watermark 10150 at m154")  # fmt: skip
-    for _ in range(145):
-        late.acknowledge(late.receive(timeout_millis=10_000))
-    with pytest.raises(pulsar.Timeout):  # receive() acknowledges the trailing W_SET(20000) and finds no data
-        late.receive(timeout_millis=1_000)
+    received = [late.receive(timeout_millis=10_000) for _ in range(146)]
+    for message in received:
+        late.acknowledge(message)
+    # receive() acknowledged W_SET(20000) and the snapshots, and handed over nothing but data
+    assert [m.data() for m in received] == [f"m{i}".encode() for i in range(155, 300)] + [b"sentinel"]
     wait_until(lambda: late.get_last_watermark().event_time == 20_000, what="watermark 20000 at the end")
     assert_oracle_agrees(pulsar_client, admin, topic)
     for closable in (late, first, producer):

@@ -116,3 +116,20 @@ def test_percentiles_are_nearest_rank() -> None:
     assert percentile([5], 99) == 5
     assert percentile(range(1, 101), 50) == 50
     assert percentile(range(1, 101), 99) == 99
+
+
+def test_the_fault_suite_totals_the_reports_of_a_run() -> None:
+    from tests.chaos.oracle import describe, totals
+
+    fold = PartitionFold(WatermarkConfig())
+    marker(fold, "W_SET", encode_set(100), "a", 1)
+    marker(fold, "W_SET", encode_set(400), "a", 3)
+    first, second = OracleReport(), OracleReport()
+    judge_events({-1: fold}, [event(100, 1), event(100, 3)], first)
+    judge_events({-1: fold}, [event(200, 3), event(None, 1)], second)
+    assert totals([first, None, second]) == {
+        "oracle_scenarios": 2, "oracle_checked": 4, "oracle_premature": 0, "oracle_late": 3,
+        "oracle_late_p50_ms": 200, "oracle_late_p99_ms": 300, "oracle_late_max_ms": 300, "oracle_stuck": 0,
+    }  # fmt: skip
+    assert describe(first) == "oracle: 2 checked, 0 premature, 1 late (max 300 ms), 0 stuck"
+    assert describe(None) == "oracle off"
