@@ -148,6 +148,17 @@ class PulsarAdmin:
             for role, actions in (self._call("GET", f"namespaces/{namespace}/permissions") or {}).items()
         }
 
+    def set_namespace_retention(self, namespace: str, minutes: int = -1, size_mb: int = -1) -> None:
+        """Keep acknowledged messages of the namespace's topics (-1: forever, without a size limit).
+
+        Without retention Pulsar deletes the ledgers every subscription has acknowledged; a reader
+        from the start then silently begins after them. Needs the tenant's admin.
+        """
+        self._call(
+            "POST", f"namespaces/{namespace}/retention",
+            json={"retentionTimeInMinutes": minutes, "retentionSizeInMB": size_mb},
+        )  # fmt: skip
+
     def list_topics(self, namespace: str = "public/default") -> list[str]:
         """Every persistent topic of a namespace: partitions and non-partitioned topics."""
         return list(self._call("GET", f"persistent/{namespace}") or [])
@@ -161,6 +172,18 @@ class PulsarAdmin:
             self._call("PUT", f"{name.rest_path}/partitions", json=partitions)
         else:
             self._call("PUT", name.rest_path)
+
+    def set_topic_retention(self, topic: str, minutes: int = -1, size_mb: int = -1) -> None:
+        """Retention of one existing topic (a topic-level policy; -1: forever, without a size limit)."""
+        self._call(
+            "POST", f"{TopicName.parse(topic).rest_path}/retention",
+            json={"retentionTimeInMinutes": minutes, "retentionSizeInMB": size_mb},
+        )  # fmt: skip
+
+    def retention(self, topic: str) -> tuple[int, int]:
+        """The retention (minutes, MB) that applies to a topic: its own policy, else its namespace's or the broker's."""
+        policy = self._call("GET", f"{TopicName.parse(topic).rest_path}/retention", params={"applied": "true"}) or {}
+        return int(policy.get("retentionTimeInMinutes", 0)), int(policy.get("retentionSizeInMB", 0))
 
     def partitions(self, topic: str) -> int:
         """Number of partitions, 0 for a non-partitioned topic."""

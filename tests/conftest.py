@@ -70,7 +70,11 @@ def generator(pulsar_settings: PulsarSettings, tmp_path_factory: pytest.TempPath
 
 @pytest.fixture
 def namespace(admin: PulsarAdmin) -> str:
-    """A namespace of its own, for tests that run (and kill) generators of their own."""
+    """A namespace of its own, for tests that run (and kill) generators of their own.
+
+    It keeps every message (retention), so that the oracle (tests/oracle.py) can read the whole log.
+    """
     name = f"public/ns-{uuid.uuid4().hex[:10]}"
     admin.create_namespace(name)
+    admin.set_namespace_retention(name)
     return name

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pulsar_access.admin import PulsarAdmin
+from tests.chaos import oracle
 from tests.chaos.checker import Violation
 from tests.chaos.plan import RESTART_SHARE, plan_scenario
 from tests.chaos.scenario import Cluster, ScenarioResult, run_scenario, suite_client
@@ -41,12 +42,12 @@ def say(message: str) -> None:
 
 
 @contextlib.contextmanager
-def chaos_cluster(work: Path) -> Iterator[Cluster]:
+def chaos_cluster(work: Path, keep_history: bool = True) -> Iterator[Cluster]:
     with real_pulsar(work / "pulsar") as running:
         client = suite_client(running.settings, work)
         admin = PulsarAdmin(running.settings)
         try:
-            yield Cluster(running.settings, client, admin, work, running.restart)
+            yield Cluster(running.settings, client, admin, work, running.restart, keep_history=keep_history)
         finally:
             client.close()
             admin.close()
@@ -68,6 +69,8 @@ def run_many(
     """
     namespace = f"public/chaos-{uuid.uuid4().hex[:8]}"
     cluster.admin.create_namespace(namespace)
+    if cluster.keep_history:  # the oracle reads every scenario's whole log
+        cluster.admin.set_namespace_retention(namespace)
     results: list[ScenarioResult] = []
     started = time.monotonic()
     lock = threading.Lock()
@@ -87,7 +90,7 @@ def run_many(
             say(
                 f"{len(results)}/{len(seeds)} seed {seed}: {sum(result.faults.values())} faults ({kinds}), "
                 f"{result.messages} messages, final watermark after {result.recovery_s:.1f} s, "
-                f"{len(result.violations)} violations ({result.duration_s:.1f} s)"
+                f"{oracle.describe(result.oracle)}, {len(result.violations)} violations ({result.duration_s:.1f} s)"
             )
             for violation in result.violations:
                 say(f"  VIOLATION {violation}  (reproduce: python -m tests.chaos --only {seed})")
@@ -119,6 +122,7 @@ def summary(results: list[ScenarioResult], elapsed_s: float) -> dict[str, object
         "messages": sum(r.messages for r in results),
         "final_watermark_after_faults_p50_s": round(statistics.median(recoveries), 2) if recoveries else None,
         "final_watermark_after_faults_max_s": round(max(recoveries), 2) if recoveries else None,
+        **oracle.totals(r.oracle for r in results),
         "elapsed_s": round(elapsed_s, 1),
         "seeds": [r.seed for r in results],
     }
@@ -136,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"share of scenarios that restart the broker (default {RESTART_SHARE}; 1 stresses restarts)",
     )  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting scenarios after this long")
+    parser.add_argument(
+        "--no-retention", action="store_true",
+        help="no retention on the suite's namespace: Pulsar deletes acknowledged ledgers (as in production "
+        "without retention), and the oracle, which needs the whole log, is off",
+    )  # fmt: skip
     parser.add_argument("--record", action="store_true", help=f"write the summary to {RESULTS.relative_to(REPO)}")
     args = parser.parse_args(argv)
     # `timeout`, `kill`: leave like Ctrl-C does, through the clean-up that stops the suite's broker
@@ -148,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         seeds = list(range(first, first + args.scenarios))
     say(f"{len(seeds)} scenarios from seed {seeds[0]}")
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="chaos-") as work, chaos_cluster(Path(work)) as cluster:
+    with (
+        tempfile.TemporaryDirectory(prefix="chaos-") as work,
+        chaos_cluster(Path(work), keep_history=not args.no_retention) as cluster,
+    ):
         if cluster.restart_broker is None:
             say("broker restarts off: the cluster is not one this run started")
         results = run_many(
@@ -162,6 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         f"messages: {totals['messages']}, final watermark after the faults: p50 "
         f"{totals['final_watermark_after_faults_p50_s']} s, max {totals['final_watermark_after_faults_max_s']} s, "
         f"in {totals['elapsed_s']:.0f} s"
+    )
+    say(
+        f"oracle: {totals['oracle_checked']} published watermarks checked in {totals['oracle_scenarios']} scenarios: "
+        f"{totals['oracle_premature']} premature, {totals['oracle_stuck']} stuck, {totals['oracle_late']} late "
+        f"(p50 {totals['oracle_late_p50_ms']} ms, p99 {totals['oracle_late_p99_ms']} ms, "
+        f"max {totals['oracle_late_max_ms']} ms below the log's watermark)"
     )
     if args.record:
         RESULTS.write_text(json.dumps(totals, indent=2) + "\n")

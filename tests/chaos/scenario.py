@@ -28,9 +28,11 @@ from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.settings import PulsarSettings
 from tests.chaos.checker import Delivery, InstanceLog, Violation, WatermarkSeen, check_final, check_subscription
+from tests.chaos.oracle import judge_scenario
 from tests.chaos.plan import Fault, FaultKind, ProducerPlan, ScenarioPlan
 from tests.integration.generator_process import GeneratorProcess
 from tests.integration.helpers import watermark_table_reader
+from tests.oracle import OracleReport
 from watermark_core.protocol import decode_table
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,8 @@ class Cluster:
     log_dir: Path
     restart_broker: Callable[[], None] | None = None
     broker_lock: threading.Lock = field(default_factory=threading.Lock)
+    keep_history: bool = True
+    """The suite's namespace keeps every message (retention), and the oracle judges every scenario."""
 
     def new_client(self) -> pulsar.Client:
         """A client of its own, as a separate consumer process would have."""
@@ -84,6 +88,8 @@ class ScenarioResult:
     """The longest time any consumer took to see the final watermark after the faults stopped."""
     duration_s: float
     notes: list[str] = field(default_factory=list)
+    oracle: OracleReport | None = None
+    """Every watermark the generator published, against the log (None: history not kept, or an error)."""
 
 
 T = TypeVar("T")
@@ -160,6 +166,7 @@ class Scenario:
         self.clock_base = int(time.time() * 1000)
         self.instance_count = 0
         self.phases: dict[str, float] = {}
+        self.oracle: OracleReport | None = None
 
     def now_ms(self) -> int:
         """The scenario's event-time clock: rises with monotonic time, never goes back."""
@@ -415,7 +422,7 @@ class Scenario:
             self.notes.append(f"evidence kept in {self.keep_evidence()} ({refused} rebuilt states refused)")
         return ScenarioResult(
             self.plan.seed, self.faults, self.violations, len(self.sent), recovery,
-            time.monotonic() - started, self.notes,
+            time.monotonic() - started, self.notes, self.oracle,
         )  # fmt: skip
 
     def finish(self) -> float:
@@ -446,6 +453,17 @@ class Scenario:
             if not self.backlog_drains(sub.name):
                 self.violations.append(Violation("message-lost", sub.name, "backlog not empty at the end"))
                 self.notes.append(f"{sub.name} at the end: {self.subscription_snapshot(sub.name)}")
+        if self.cluster.keep_history:
+            judging = time.monotonic()
+            try:
+                self.oracle, found = judge_scenario(
+                    self.cluster.client, self.cluster.admin, self.topic, self.generator.watermark_config
+                )
+                self.violations += found
+            except Exception as exc:  # the oracle failing is a finding, not a crash of the suite
+                self.violations.append(Violation("oracle-failed", "-", repr(exc)))
+                log.exception("the oracle failed on %s", self.topic)
+            self.phases["oracle"] = time.monotonic() - judging
         return max((t for t in reached.values() if t is not None), default=0.0)
 
     def keep_evidence(self) -> Path:

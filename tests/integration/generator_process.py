@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from pulsar_access.settings import PulsarSettings
+from watermark_core.state import WatermarkConfig
 
 FAST = {
     "WM_POLL_INTERVAL_S": "0.02",
@@ -66,6 +67,16 @@ class GeneratorProcess:
         """Have the generator write every thread's stack to its log (SIGUSR1), to see where it waits."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGUSR1)
+
+    @property
+    def watermark_config(self) -> WatermarkConfig:
+        """The timeouts this process folds with (what the oracle must fold with too)."""
+        env = {**os.environ, **self.env}
+        defaults = WatermarkConfig()
+        return WatermarkConfig(
+            producer_timeout_ms=int(env.get("WM_PRODUCER_TIMEOUT_MS") or defaults.producer_timeout_ms),
+            txn_timeout_ms=int(env.get("WM_TXN_TIMEOUT_MS") or defaults.txn_timeout_ms),
+        )
 
     @property
     def running(self) -> bool:

@@ -6,29 +6,50 @@ import threading
 import time
 from collections.abc import Callable
 
+import msgpack
 import pulsar
 
 from consumer import Watermark, WatermarkConsumer, WatermarkListener
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.topics import watermark_topic_for
-from watermark_core.protocol import decode_table
+from watermark_core.protocol import MARKER_PROPERTY, decode_table
+
+MALFORMED: list[tuple[dict[str, str], bytes, str]] = [
+    ({MARKER_PROPERTY: "W_SET"}, b"\xc1not msgpack", "bad-msgpack"),
+    ({MARKER_PROPERTY: "W_BOGUS"}, b"\x80", "bad-kind"),
+    ({MARKER_PROPERTY: "W_SET"}, b"\x81\xa1v\x01", "bad-field"),  # no event_time
+    ({MARKER_PROPERTY: "W_SET"}, msgpack.packb({"v": 99, "event_time": 1_000}), "bad-version"),
+    ({MARKER_PROPERTY: "W_TXN_COMMIT"}, b"\x81\xa1v\x01", "bad-field"),  # no txn
+]
+"""Malformed markers a raw producer can write, with the reason every component skips each for."""
 
 
 class Recorder(WatermarkListener):
-    """Records what the listener sees, with the thread it ran on."""
+    """Records what the listener sees, with the thread it ran on; with `ack=False` keeps what it holds."""
 
     def __init__(self, ack: bool = True) -> None:
         self.ack = ack
         self.events: list[tuple[str, object]] = []
         self.threads: set[str] = set()
+        self.held: list[pulsar.Message] = []
         self.lock = threading.Lock()
 
     def received(self, consumer: WatermarkConsumer, message: pulsar.Message) -> None:
         with self.lock:
             self.events.append(("msg", message.data()))
             self.threads.add(threading.current_thread().name)
+            if not self.ack:
+                self.held.append(message)
         if self.ack:
             consumer.acknowledge(message)
+
+    def assert_one_thread(self, subscription: str) -> None:
+        """Contract 3: messages and watermarks reach the listener on one thread (the consumer's dispatcher)."""
+        with self.lock:
+            kinds = {kind for kind, _ in self.events}
+            threads = set(self.threads)
+        assert kinds == {"msg", "wm"}, f"the listener needs both messages and watermarks to show this: {kinds}"
+        assert threads == {f"wm-listener-{subscription}"}, threads
 
     def received_watermark(self, consumer: WatermarkConsumer, watermark: Watermark) -> None:
         with self.lock:

@@ -10,6 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
+import msgpack
 import pulsar
 import pytest
 import requests
@@ -20,7 +21,8 @@ from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.settings import PulsarSettings
 from tests.integration.generator_process import GeneratorProcess
-from tests.integration.helpers import Recorder, wait_until, watermarks
+from tests.integration.helpers import MALFORMED, Recorder, wait_until, watermarks
+from tests.oracle import TopicOracle, assert_oracle_agrees, keep_history
 from watermark_core.protocol import GENERATOR_SUBSCRIPTION, MARKER_PROPERTY
 
 
@@ -31,8 +33,9 @@ def assert_monotonic(values: list[int]) -> None:
 
 @pytest.mark.usefixtures("generator")
 def test_watermark_is_the_minimum_over_active_producers_at_each_subscriptions_position(
-    pulsar_client: pulsar.Client, topic: str
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
 ) -> None:
+    keep_history(admin, topic)
     fast, slow = Recorder(), Recorder(ack=False)
     c_fast = WatermarkConsumer(pulsar_client, topic, "fast", listener=fast)
     c_slow = WatermarkConsumer(pulsar_client, topic, "slow", listener=slow)
@@ -52,11 +55,17 @@ def test_watermark_is_the_minimum_over_active_producers_at_each_subscriptions_po
     assert watermarks(fast) == [50, 100, 150]
 
     # "slow" acknowledged nothing but the markers before its first data message: its watermark is
-    # the state there, never above a message it still holds.
-    wait_until(lambda: watermarks(slow) == [50], what="slow subscription's watermark")
-    time.sleep(1.0)
-    assert watermarks(slow) == [50]
-    assert max(watermarks(slow)) <= 60
+    # the state there, never above a message it still holds (b1, event time 60). Once it acknowledges
+    # everything, its watermark becomes 150: that sentinel arrives after anything published before it.
+    wait_until(lambda: watermarks(slow) == [50] and len(slow.held) == 4, what="slow's watermark and messages")
+    assert [m.data() for m in slow.held] == [b"a1", b"b1", b"a2", b"b2"]
+    for message in slow.held:
+        c_slow.acknowledge(message)
+    wait_until(lambda: 150 in watermarks(slow), what="slow's watermark 150 once it acknowledged everything")
+    assert watermarks(slow) == [50, 150]
+    fast.assert_one_thread("fast")
+    slow.assert_one_thread("slow")
+    assert_oracle_agrees(pulsar_client, admin, topic)
     for closable in (c_fast, c_slow, a, b):
         closable.close()
 
@@ -65,7 +74,7 @@ def test_watermark_is_the_minimum_over_active_producers_at_each_subscriptions_po
 def test_a_consumer_of_a_partitioned_topic_sees_the_minimum_over_partitions(
     pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
 ) -> None:
-    admin.create_topic(topic, partitions=2)
+    keep_history(admin, topic, partitions=2)
     held: list[pulsar.Message] = []
 
     class HoldPartitionOne(Recorder):
@@ -88,20 +97,23 @@ def test_a_consumer_of_a_partitioned_topic_sees_the_minimum_over_partitions(
     producer.send(b"held", partition_key=key_for[1], event_timestamp=150)
     producer.new_watermark().event_time(200).send()
     producer.send(b"p0", partition_key=key_for[0], event_timestamp=250)
+    wait_until(lambda: b"held" in [m.data() for m in held], what="the held message")
     wait_until(lambda: watermarks(recorder) == [100], what="watermark 100: partition 1 still holds a message")
-    time.sleep(1.0)
-    assert watermarks(recorder) == [100]
     for message in held:
         consumer.acknowledge(message)
-    wait_until(lambda: watermarks(recorder) == [100, 200], what="watermark 200 once partition 1 is acknowledged")
+    # the sentinel: 200 once partition 1 is acknowledged; nothing between 100 and it
+    wait_until(lambda: 200 in watermarks(recorder), what="watermark 200 once partition 1 is acknowledged")
+    assert watermarks(recorder) == [100, 200]
+    assert_oracle_agrees(pulsar_client, admin, topic)
     consumer.close()
     producer.close()
 
 
 @pytest.mark.usefixtures("generator")
 def test_shared_subscription_watermark_never_passes_a_dead_consumers_unacked_messages(
-    pulsar_client: pulsar.Client, topic: str
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
 ) -> None:
+    keep_history(admin, topic)
     holder, worker = Recorder(ack=False), Recorder()
     options = {"consumer_type": pulsar.ConsumerType.Shared, "receiver_queue_size": 5}
     c_holder = WatermarkConsumer(pulsar_client, topic, "shared", listener=holder, **options)
@@ -118,23 +130,33 @@ def test_shared_subscription_watermark_never_passes_a_dead_consumers_unacked_mes
     producer.new_watermark().event_time(4_000).send()
 
     wait_until(lambda: len(holder.messages()) > 0, what="the holder to get messages")
-    time.sleep(2.0)
+    # The sentinel: every message went to one of the two, and the generator published the fold at the
+    # subscription's position (the oracle's stuck check waits for that), and the worker got that value.
+    wait_until(lambda: len(holder.messages()) + len(worker.messages()) == len(event_times), what="every message")
+    oracle = TopicOracle(pulsar_client, admin, topic)
+    settled = oracle.check()
+    assert settled.stuck == [], settled.problems()
+    final = oracle.latest()[(-1, "shared")].event_time
+    wait_until(lambda: watermarks(worker)[-1:] == [final], what=f"the worker to see the settled watermark {final}")
     held_times = [event_times[m] for m in holder.messages()]  # type: ignore[index]
     assert worker.messages(), "the worker got nothing"
+    assert watermarks(worker), "the worker saw no watermark"
     assert all(w <= min(held_times) for w in watermarks(worker)), (watermarks(worker), min(held_times))
 
     c_holder.close()  # dies with its messages unacknowledged: they go to the worker
     wait_until(lambda: 4_000 in watermarks(worker), timeout_s=30, what="watermark 4000 after redelivery")
     assert set(worker.messages()) == set(event_times)
     assert_monotonic(watermarks(worker))
+    assert_oracle_agrees(pulsar_client, admin, topic, oracle=oracle)
     c_worker.close()
     producer.close()
 
 
 @pytest.mark.usefixtures("generator")
 def test_seek_back_recomputes_the_watermark_and_seek_forward_restores_it(
-    pulsar_client: pulsar.Client, topic: str
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
 ) -> None:
+    keep_history(admin, topic)
     consumer = WatermarkConsumer(pulsar_client, topic, "seeker")
     producer = WatermarkProducer(pulsar_client, topic, producer_name="K")
     ids = {}
@@ -152,12 +174,16 @@ def test_seek_back_recomputes_the_watermark_and_seek_forward_restores_it(
     wait_until(lambda: consumer.get_last_watermark().event_time == 100, what="watermark back to 100")
     consumer.seek(pulsar.MessageId.latest)
     wait_until(lambda: consumer.get_last_watermark().event_time == 300, what="watermark 300 after seeking forward")
+    assert_oracle_agrees(pulsar_client, admin, topic)
     consumer.close()
     producer.close()
 
 
 @pytest.mark.usefixtures("generator")
-def test_a_subscription_created_at_earliest_on_a_topic_with_snapshots(pulsar_client: pulsar.Client, topic: str) -> None:
+def test_a_subscription_created_at_earliest_on_a_topic_with_snapshots(
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
+) -> None:
+    keep_history(admin, topic)
     producer = WatermarkProducer(pulsar_client, topic, producer_name="E")
     recorder = Recorder()
     first = WatermarkConsumer(pulsar_client, topic, "first", listener=recorder)
@@ -180,23 +206,26 @@ def test_a_subscription_created_at_earliest_on_a_topic_with_snapshots(pulsar_cli
         return count
 
     wait_until(lambda: snapshots() >= 3, timeout_s=30, what="the generator's snapshots")
+    producer.send(b"sentinel", event_timestamp=20_000)  # after W_SET(20000) and the snapshots
     late = WatermarkConsumer(pulsar_client, topic, "late", initial_position=pulsar.InitialPosition.Earliest)
     for _ in range(155):
         late.acknowledge(late.receive(timeout_millis=10_000))
     # acknowledged m0..m154: the last marker before m155 is W_SET(10150)
     wait_until(lambda: late.get_last_watermark() is not None and late.get_last_watermark().event_time == 10_150,
                what="watermark 10150 at m154")  # fmt: skip
-    for _ in range(145):
-        late.acknowledge(late.receive(timeout_millis=10_000))
-    with pytest.raises(pulsar.Timeout):  # receive() acknowledges the trailing W_SET(20000) and finds no data
-        late.receive(timeout_millis=1_000)
+    received = [late.receive(timeout_millis=10_000) for _ in range(146)]
+    for message in received:
+        late.acknowledge(message)
+    # receive() acknowledged W_SET(20000) and the snapshots, and handed over nothing but data
+    assert [m.data() for m in received] == [f"m{i}".encode() for i in range(155, 300)] + [b"sentinel"]
     wait_until(lambda: late.get_last_watermark().event_time == 20_000, what="watermark 20000 at the end")
+    assert_oracle_agrees(pulsar_client, admin, topic)
     for closable in (late, first, producer):
         closable.close()
 
 
 def test_watermark_transactions_commit_abort_and_timeout(
-    pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, namespace: str, tmp_path: Path
+    pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str, tmp_path: Path
 ) -> None:
     generator = GeneratorProcess(
         pulsar_settings, tmp_path / "gen.log", "txn-gen", WM_NAMESPACES=namespace, WM_TXN_TIMEOUT_MS="3000"
@@ -214,23 +243,27 @@ def test_watermark_transactions_commit_abort_and_timeout(
         committed = a.new_transaction()
         a.new_watermark(committed).event_time(200).send()
         b.new_watermark().event_time(1_050).send()
-        time.sleep(0.5)
-        assert watermarks(recorder) == [100], "a pending transactional watermark took effect before its commit"
+        # the sentinel: A's own W_SET(150) outside the transaction shows as 150 only while 200 is pending
+        a.new_watermark().event_time(150).send()
+        wait_until(lambda: watermarks(recorder)[-1] >= 150, what="the sentinel watermark 150")
+        assert watermarks(recorder) == [100, 150], "a pending transactional watermark took effect before its commit"
         committed.commit()
-        wait_until(lambda: watermarks(recorder) == [100, 200], what="watermark 200 at the commit")
+        wait_until(lambda: 200 in watermarks(recorder), what="watermark 200 at the commit")
+        assert watermarks(recorder) == [100, 150, 200]
 
         aborted = a.new_transaction()
         a.new_watermark(aborted).event_time(300).send()
         aborted.abort()
         timed_out = a.new_transaction()
         a.new_watermark(timed_out).event_time(400).send()
-        time.sleep(3.5)
+        time.sleep(3.5)  # the log's clock, from publish times, must pass the transaction timeout
         b.new_watermark().event_time(1_100).send()  # moves the log's clock past the transaction timeout
         timed_out.commit()
+        # the sentinel: 250 shows only if neither 300 nor 400 took effect before it
         a.new_watermark().event_time(250).send()
-        wait_until(lambda: watermarks(recorder) == [100, 200, 250], what="watermark 250")
-        time.sleep(1.0)
-        assert watermarks(recorder) == [100, 200, 250], "an aborted or timed-out transaction took effect"
+        wait_until(lambda: watermarks(recorder)[-1] >= 250, what="the sentinel watermark 250")
+        assert watermarks(recorder) == [100, 150, 200, 250], "an aborted or timed-out transaction took effect"
+        assert_oracle_agrees(pulsar_client, admin, topic, generator.watermark_config)
         for closable in (consumer, a, b):
             closable.close()
     finally:
@@ -264,7 +297,7 @@ class Checker(Recorder):
 
 
 def test_kill_9_of_the_generator_mid_stream_then_restart(
-    pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, namespace: str, tmp_path: Path
+    pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str, tmp_path: Path
 ) -> None:
     topic = f"persistent://{namespace}/killed"
     gen = GeneratorProcess(pulsar_settings, tmp_path / "gen1.log", "kill-gen-1", WM_NAMESPACES=namespace).start()
@@ -284,6 +317,7 @@ def test_kill_9_of_the_generator_mid_stream_then_restart(
         thread.join(timeout=120)
         wait_until(lambda: (watermarks(checker) or [0])[-1] == 1_000_000 + count, timeout_s=30,
                    what="the final watermark after the restart")  # fmt: skip
+        assert_oracle_agrees(pulsar_client, admin, topic, gen.watermark_config)
     finally:
         stop.set()
         thread.join(timeout=10)
@@ -320,13 +354,12 @@ def test_two_generators_one_killed_the_other_takes_over(
         wait_until(lambda: owner() in gens, what="an owner")
         victim = owner()
         gens[victim].kill()
-        killed_at = time.monotonic()
         producer.new_watermark().event_time(200).send()
         producer.send(b"y", event_timestamp=200)
-        wait_until(lambda: watermarks(recorder) == [100, 200], timeout_s=20, what="a watermark from the survivor")
-        takeover_s = time.monotonic() - killed_at
+        wait_until(lambda: watermarks(recorder) == [100, 200], timeout_s=60, what="a watermark from the survivor")
         assert owner() != victim
-        assert takeover_s < 15
+        survivor = next(gen for name, gen in gens.items() if name != victim)
+        assert_oracle_agrees(pulsar_client, admin, topic, survivor.watermark_config)
     finally:
         for gen in gens.values():
             gen.stop()
@@ -335,7 +368,7 @@ def test_two_generators_one_killed_the_other_takes_over(
 
 
 def test_metrics_and_status_show_the_watermark(
-    pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, namespace: str, tmp_path: Path
+    pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str, tmp_path: Path
 ) -> None:
     port = free_port()
     gen = GeneratorProcess(
@@ -374,6 +407,7 @@ def test_metrics_and_status_show_the_watermark(
         assert status.returncode == 0, status.stderr
         row = next(line for line in status.stdout.splitlines() if "watched" in line)
         assert "123456" in row and "visible=123456" in row and "resting" in row
+        assert_oracle_agrees(pulsar_client, admin, topic, gen.watermark_config)
     finally:
         for closable in (consumer, producer, idle):
             closable.close()
@@ -390,3 +424,163 @@ def test_status_of_an_unknown_topic_is_one_clear_error(pulsar_settings: PulsarSe
     assert status.returncode == 2
     assert status.stderr.startswith("broker-ext: error:")
     assert "no-such-topic-xyz" in status.stderr
+
+
+# -- contract clauses on the real generator ------------------------------------------------------------
+
+
+def test_a_producer_that_dies_without_w_idle_stops_holding_the_watermark_after_the_producer_timeout(
+    pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str, tmp_path: Path
+) -> None:
+    gen = GeneratorProcess(
+        pulsar_settings, tmp_path / "gen.log", "timeout-gen", WM_NAMESPACES=namespace, WM_PRODUCER_TIMEOUT_MS="5000"
+    ).start()
+    topic = f"persistent://{namespace}/producer-timeout"
+    recorder = Recorder()
+    consumer = WatermarkConsumer(pulsar_client, topic, "sub", listener=recorder)
+    dying = WatermarkProducer(pulsar_client, topic, producer_name="dying", keepalive_interval_ms=None)
+    living = WatermarkProducer(pulsar_client, topic, producer_name="living", keepalive_interval_ms=None)
+    try:
+        dying.new_watermark().event_time(100).send()
+        living.new_watermark().event_time(500).send()
+        wait_until(lambda: watermarks(recorder) == [100], timeout_s=30, what="watermark 100")
+        dying.close(idle=False)  # gone without W_IDLE
+        living.new_watermark().event_time(600).send()  # within the timeout on the log's clock: 100 holds
+        time.sleep(5.5)  # the log's clock (publish times) must pass the producer timeout
+        living.new_watermark().event_time(700).send()  # "dying" has been silent for > 5 s of log time
+        wait_until(lambda: 700 in watermarks(recorder), timeout_s=30, what="watermark 700 once 'dying' timed out")
+        assert watermarks(recorder) == [100, 700]
+        assert_oracle_agrees(pulsar_client, admin, topic, gen.watermark_config)
+    finally:
+        for closable in (consumer, living):
+            closable.close()
+        gen.stop()
+
+
+@pytest.mark.usefixtures("generator")
+def test_a_late_joiner_does_not_pull_the_watermark_back_and_its_messages_below_it_are_late(
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
+) -> None:
+    keep_history(admin, topic)
+    recorder = Recorder()
+    consumer = WatermarkConsumer(pulsar_client, topic, "sub", listener=recorder)
+    early = WatermarkProducer(pulsar_client, topic, producer_name="early")
+    early.new_watermark().event_time(1_000).send()
+    early.send(b"on time", event_timestamp=1_000)
+    wait_until(lambda: watermarks(recorder) == [1_000], what="watermark 1000")
+    joiner = WatermarkProducer(pulsar_client, topic, producer_name="joiner")
+    joiner.new_watermark().event_time(500).send()  # below the watermark
+    joiner.send(b"below", event_timestamp=600)
+    early.new_watermark().event_time(2_000).send()  # min(2000, 500) = 500 < 1000: the watermark holds
+    joiner.new_watermark().event_time(1_500).send()  # the sentinel: min(2000, 1500)
+    wait_until(lambda: 1_500 in watermarks(recorder), what="watermark 1500")
+    assert watermarks(recorder) == [1_000, 1_500]
+    assert recorder.messages() == [b"on time", b"below"]
+    assert consumer.late_messages == 1  # "below" (600) was handed over after watermark 1000
+    assert_oracle_agrees(pulsar_client, admin, topic)
+    for closable in (consumer, early, joiner):
+        closable.close()
+
+
+@pytest.mark.usefixtures("generator")
+def test_malformed_markers_are_skipped_by_the_generator_which_goes_on(
+    generator: GeneratorProcess, pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
+) -> None:
+    keep_history(admin, topic)
+    recorder = Recorder()
+    consumer = WatermarkConsumer(pulsar_client, topic, "sub", listener=recorder)
+    good = WatermarkProducer(pulsar_client, topic, producer_name="good")
+    raw = pulsar_client.create_producer(topic, producer_name="raw", batching_enabled=False)
+    good.new_watermark().event_time(100).send()
+    good.send(b"d0", event_timestamp=100)
+    wait_until(lambda: watermarks(recorder) == [100], timeout_s=30, what="watermark 100")
+    for i, (properties, payload, _) in enumerate(MALFORMED):
+        raw.send(payload, properties=properties)
+        raw.send(f"raw{i}".encode())
+    good.new_watermark().event_time(200).send()  # after every malformed marker: the generator got past them
+    wait_until(lambda: 200 in watermarks(recorder), timeout_s=30, what="watermark 200 after the malformed markers")
+    assert watermarks(recorder) == [100, 200]
+    assert len(recorder.messages()) == 1 + len(MALFORMED)
+    assert generator.running
+    skipped = [line for line in generator.log_text().splitlines() if topic in line and "malformed marker" in line]
+    reasons = {reason for _, _, reason in MALFORMED}
+    assert {reason for reason in reasons if any(f"({reason})" in line for line in skipped)} == reasons, skipped
+    report = assert_oracle_agrees(pulsar_client, admin, topic)
+    assert report.malformed_markers == len(MALFORMED)
+    for closable in (consumer, good, raw):
+        closable.close()
+
+
+def test_a_pending_watermark_transaction_survives_kill_9_of_the_generator(
+    pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str, tmp_path: Path
+) -> None:
+    topic = f"persistent://{namespace}/txn-kill"
+    gen = GeneratorProcess(pulsar_settings, tmp_path / "gen1.log", "txn-kill-1", WM_NAMESPACES=namespace).start()
+    recorder = Recorder()
+    consumer = WatermarkConsumer(pulsar_client, topic, "sub", listener=recorder)
+    a = WatermarkProducer(pulsar_client, topic, producer_name="A")
+    b = WatermarkProducer(pulsar_client, topic, producer_name="B")
+    try:
+        a.new_watermark().event_time(100).send()
+        b.new_watermark().event_time(1_000).send()
+        wait_until(lambda: watermarks(recorder) == [100], timeout_s=30, what="watermark 100")
+        txn = a.new_transaction()
+        txn_at = a.new_watermark(txn).event_time(200).send()[0]
+        b.new_watermark().event_time(1_050).send()
+
+        def pending_in_a_snapshot() -> bool:
+            """A W_SNAPSHOT after the transaction's W_SET states it as pending: the restart must use it."""
+            reader = pulsar_client.create_reader(topic, txn_at)
+            try:
+                while reader.has_message_available():
+                    message = reader.read_next(timeout_millis=5_000)
+                    if message.properties().get(MARKER_PROPERTY) == "W_SNAPSHOT":
+                        body = msgpack.unpackb(message.data())
+                        if body["state"]["pending"]:
+                            return True
+                return False
+            finally:
+                reader.close()
+
+        wait_until(pending_in_a_snapshot, timeout_s=30, what="a snapshot with the pending transaction")
+        gen.kill()
+        gen = GeneratorProcess(pulsar_settings, tmp_path / "gen2.log", "txn-kill-2", WM_NAMESPACES=namespace).start()
+        txn.commit()
+        wait_until(lambda: 200 in watermarks(recorder), timeout_s=60, what="watermark 200 at the commit after kill -9")
+        assert watermarks(recorder) == [100, 200]
+        assert_oracle_agrees(pulsar_client, admin, topic, gen.watermark_config)
+    finally:
+        for closable in (consumer, a, b):
+            closable.close()
+        gen.stop()
+
+
+def test_broker_ext_serve_without_namespace_or_topic_follows_public_default(
+    pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str, tmp_path: Path
+) -> None:
+    """No --namespace, no --topic, no WM_NAMESPACES / WM_TOPICS: public/default (contract 4).
+
+    The session's generator may follow public/default too, so this one must be seen among the
+    topic's generator consumers, not just by a watermark arriving.
+    """
+    keep_history(admin, topic)
+    instance = f"default-ns-{uuid.uuid4().hex[:6]}"
+    gen = GeneratorProcess(pulsar_settings, tmp_path / "gen.log", instance, WM_NAMESPACES="", WM_TOPICS="").start()
+    recorder = Recorder()
+    consumer = WatermarkConsumer(pulsar_client, topic, "sub", listener=recorder)
+    producer = WatermarkProducer(pulsar_client, topic, producer_name="default-ns")
+    try:
+        producer.new_watermark().event_time(4_242).send()
+
+        def generator_consumers() -> set[str]:
+            stats = admin.topic_stats(topic)["subscriptions"].get(GENERATOR_SUBSCRIPTION, {})
+            return {str(c.get("consumerName")) for c in stats.get("consumers", [])}
+
+        wait_until(lambda: instance in generator_consumers(), timeout_s=30, what=f"generator {instance} on {topic}")
+        assert "following namespaces ['public/default']" in gen.log_text()
+        wait_until(lambda: watermarks(recorder) == [4_242], timeout_s=30, what="the watermark")
+        assert_oracle_agrees(pulsar_client, admin, topic, gen.watermark_config)
+    finally:
+        for closable in (consumer, producer):
+            closable.close()
+        gen.stop()

@@ -15,7 +15,8 @@ from consumer import WatermarkConsumer
 from producer import TransactionClosedError, WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.settings import PulsarSettings
-from tests.integration.helpers import Recorder, backlog, partition_backlogs, wait_until
+from tests.integration.helpers import Recorder, backlog, partition_backlogs, wait_until, watermarks
+from tests.oracle import assert_oracle_agrees, keep_history
 from watermark_core.protocol import MARKER_PROPERTY
 
 
@@ -56,14 +57,13 @@ def test_receive_returns_only_data_and_acks_markers(
     producer.new_watermark().event_time(10).send()
     producer.send(b"b", event_timestamp=11)
     producer.new_watermark().event_time(11).send()
+    producer.send(b"sentinel", event_timestamp=12)  # the W_SET(11) before it is hidden too
     got = []
-    for _ in range(2):
+    for _ in range(3):
         message = consumer.receive(timeout_millis=10_000)
         got.append(message.data())
         consumer.acknowledge(message)
-    assert got == [b"a", b"b"]
-    with pytest.raises(pulsar.Timeout):
-        consumer.receive(timeout_millis=500)
+    assert got == [b"a", b"b", b"sentinel"]
     wait_until(lambda: backlog(admin, topic, "sub") == 0, what="backlog 0")
     assert consumer.get_last_watermark() is None  # no generator runs in this test
     consumer.close()
@@ -159,18 +159,24 @@ def test_no_generator_still_delivers_and_warns_once(
 ) -> None:
     topic = f"persistent://{namespace}/no-generator"  # no generator follows this namespace
     recorder = Recorder()
+
+    def warnings(subscription: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if f"no watermark arrived for subscription {subscription!r}" in r.getMessage()]  # fmt: skip
+
     with caplog.at_level(logging.WARNING, logger="consumer"):
         consumer = WatermarkConsumer(pulsar_client, topic, "sub", listener=recorder, no_watermark_warning_s=0.5)
+        # the sentinel: a consumer that warns three times later; a repeating warning of "sub" comes before it
+        sentinel = WatermarkConsumer(pulsar_client, topic, "sentinel", no_watermark_warning_s=1.5)
         producer = WatermarkProducer(pulsar_client, topic)
         producer.send(b"x")
         producer.new_watermark().event_time(1).send()
         wait_until(lambda: recorder.messages() == [b"x"], what="the message")
-        time.sleep(1.0)
-    warnings = [r for r in caplog.records if "no watermark arrived" in r.getMessage()]
-    assert len(warnings) == 1
-    assert "broker-ext serve" in warnings[0].getMessage()
-    consumer.close()
-    producer.close()
+        wait_until(lambda: warnings("sentinel"), what="the sentinel's warning")
+    assert len(warnings("sub")) == 1
+    assert "broker-ext serve" in warnings("sub")[0]
+    for closable in (consumer, sentinel, producer):
+        closable.close()
 
 
 def test_producer_validates_inputs(pulsar_client: pulsar.Client, topic: str) -> None:
@@ -196,20 +202,26 @@ def test_producer_validates_inputs(pulsar_client: pulsar.Client, topic: str) -> 
 
 def test_ingestion_time_watermarks_and_stamps(pulsar_client: pulsar.Client, namespace: str) -> None:
     topic = f"persistent://{namespace}/ingestion"
+
+    def read_topic() -> tuple[list[int], list[int]]:
+        """The event times of the data messages and the W_SETs' event times, in log order."""
+        reader = pulsar_client.create_reader(topic, pulsar.MessageId.earliest)
+        stamps, sets = [], []
+        while reader.has_message_available():
+            message = reader.read_next(timeout_millis=5_000)
+            if message.properties().get(MARKER_PROPERTY) == "W_SET":
+                sets.append(msgpack.unpackb(message.data())["event_time"])
+            elif MARKER_PROPERTY not in message.properties():
+                stamps.append(message.event_timestamp())
+        reader.close()
+        return stamps, sets
+
     before = int(time.time() * 1000)
     producer = WatermarkProducer(pulsar_client, topic, producer_name="clock", ingestion_time_interval_ms=100)
     producer.send(b"now")
-    time.sleep(1.0)
+    wait_until(lambda: len(read_topic()[1]) >= 5, timeout_s=30, what="5 ingestion-time W_SETs")
     producer.close(idle=False)
-    reader = pulsar_client.create_reader(topic, pulsar.MessageId.earliest)
-    stamps, sets = [], []
-    while reader.has_message_available():
-        message = reader.read_next(timeout_millis=5_000)
-        if message.properties().get(MARKER_PROPERTY) == "W_SET":
-            sets.append(msgpack.unpackb(message.data())["event_time"])
-        elif MARKER_PROPERTY not in message.properties():
-            stamps.append(message.event_timestamp())
-    reader.close()
+    stamps, sets = read_topic()
     assert len(stamps) == 1 and before <= stamps[0] <= int(time.time() * 1000)
     assert len(sets) >= 5, sets
     assert sets == sorted(sets) and sets[0] >= before
@@ -250,3 +262,32 @@ def test_close_after_the_client_closed_still_stops_the_consumers_threads(
         consumer.close()
     left = [t for t in threading.enumerate() if t.name in threads and t.is_alive()]
     assert left == []
+
+
+@pytest.mark.usefixtures("generator")
+def test_a_watermark_sent_with_send_async_reaches_every_partition(
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
+) -> None:
+    keep_history(admin, topic, partitions=2)
+    recorder = Recorder()
+    consumer = WatermarkConsumer(pulsar_client, topic, "sub", listener=recorder)
+    producer = WatermarkProducer(pulsar_client, topic, producer_name="async")
+    outcome: list[pulsar.Result] = []
+    done = threading.Event()
+
+    def on_sent(result: pulsar.Result, _message_id: object) -> None:
+        outcome.append(result)
+        done.set()
+
+    producer.new_watermark().event_time(777).send_async(on_sent)
+    assert done.wait(30), "send_async never called back"
+    assert outcome == [pulsar.Result.Ok]  # once, after both partitions answered
+    assert producer.last_watermark == 777
+    producer.send(b"after", partition_key="k", event_timestamp=800)
+    # a consumer of both partitions sees the minimum over them: 777 only if both got the W_SET
+    wait_until(lambda: watermarks(recorder) == [777] and recorder.messages() == [b"after"], timeout_s=30,
+               what="watermark 777 and the message")  # fmt: skip
+    recorder.assert_one_thread("sub")
+    assert_oracle_agrees(pulsar_client, admin, topic)
+    consumer.close()
+    producer.close()

@@ -18,6 +18,7 @@ from pulsar_access.admin import PulsarAdmin
 from tests.harness import RunningPulsar
 from tests.integration.generator_process import GeneratorProcess
 from tests.integration.helpers import recomputed_watermark, wait_until, watermark_table_reader
+from tests.oracle import TopicOracle, assert_oracle_agrees
 
 
 def drain(consumer: pulsar.Consumer) -> list[pulsar.MessageId]:
@@ -43,6 +44,9 @@ def test_a_seek_after_deleted_ledgers_recomputes_the_watermark_with_their_marker
     generator = GeneratorProcess(settings, tmp_path / "generator.log", "restarts", WM_TOPICS=topic, WM_NAMESPACES="")
     generator.start()
     client = settings.client(operation_timeout_seconds=30)
+    # No retention here (the point is that Pulsar deletes ledgers): the oracle reads each ledger
+    # before it can be deleted, and reads on from there at the end.
+    oracle = TopicOracle(client, admin, topic, generator.watermark_config, require_retention=False)
     try:
         consumer = client.subscribe(topic, "sub", initial_position=pulsar.InitialPosition.Earliest)
         p0 = WatermarkProducer(client, topic, producer_name="p0", send_timeout_millis=0)
@@ -53,6 +57,7 @@ def test_a_seek_after_deleted_ledgers_recomputes_the_watermark_with_their_marker
         p3.new_watermark().mark_idle().send()
         p3.new_watermark().event_time(1_000).send()
         drain(consumer)
+        oracle.catch_up()
         first_ledger = admin.internal_stats(topic)["ledgers"][0]["ledgerId"]
         consumer.close()
         pulsar_broker.restart()
@@ -64,6 +69,8 @@ def test_a_seek_after_deleted_ledgers_recomputes_the_watermark_with_their_marker
             p3.send(f"m{i}".encode(), event_timestamp=2_000)
         ids = drain(consumer)
         assert len(ids) == 5
+        oracle.catch_up()
+        assert oracle.folds[-1].markers == 5, "the oracle must have read both ledgers before one is deleted"
 
         def first_ledger_deleted() -> bool:
             admin.trim_topic(topic)
@@ -85,6 +92,7 @@ def test_a_seek_after_deleted_ledgers_recomputes_the_watermark_with_their_marker
         finally:
             reader.close()
         assert watermark == 1_000, generator.log_text()[-3000:]
+        assert_oracle_agrees(client, admin, topic, oracle=oracle)
     finally:
         generator.kill()
         client.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import pytest
 from consumer import WatermarkConsumer
 from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
-from tests.integration.helpers import Recorder, wait_until, watermarks
+from tests.integration.helpers import MALFORMED, Recorder, wait_until, watermarks
 
 pyspark = pytest.importorskip("pyspark")
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
@@ -116,7 +115,12 @@ def test_windowed_counts_equal_the_ground_truth_across_a_restart(
         producer.new_watermark().event_time(BASE + 31_000).send()
     expected = {window: count for window, count in truth.items()}
     wait_until(lambda: sink.counts().keys() >= expected.keys(), timeout_s=120, what="every window to close")
-    time.sleep(2)
+    # the sentinel: a later window, closed by a later watermark; a window emitted again would come before it
+    producers[0].send(b"z@sentinel", partition_key="z", event_timestamp=BASE + 45_000)
+    for producer in producers:
+        producer.new_watermark().event_time(BASE + 51_000).send()
+    expected[(BASE + 40_000, "z")] = 1
+    wait_until(lambda: (BASE + 40_000, "z") in sink.counts(), timeout_s=120, what="the sentinel window to close")
     query.stop()
     assert sink.counts() == expected
     assert len(sink.emitted()) == len(set(sink.emitted())), "a window was emitted twice"
@@ -230,3 +234,26 @@ def test_a_second_query_on_the_sinks_output_gets_the_first_querys_watermark(
         downstream.stop()
     assert sums.counts() == {(BASE + 10_000, "all"): 30, (BASE + 40_000, "all"): 20}
     producer.close()
+
+
+@pytest.mark.usefixtures("generator")
+def test_malformed_markers_never_reach_a_query_and_do_not_stop_it(
+    spark: SparkSession, pulsar_client: pulsar.Client, topic: str, tmp_path: Path
+) -> None:
+    producer = WatermarkProducer(pulsar_client, topic, producer_name="spark-good")
+    raw = pulsar_client.create_producer(topic, producer_name="spark-raw", batching_enabled=False)
+    producer.new_watermark().event_time(BASE).send()
+    for i, (properties, payload, _) in enumerate(MALFORMED):
+        raw.send(payload, properties=properties)
+        producer.send(f"k@{i}".encode(), partition_key="k", event_timestamp=BASE + i * 1_000)
+    producer.new_watermark().event_time(BASE + 20_000).send()  # closes [0, 10 s)
+    sink = Windows()
+    query = _start(spark, topic, sink, tmp_path / "ckpt")
+    try:
+        wait_until(lambda: (BASE, "k") in sink.counts(), timeout_s=120, what="the window to close")
+        assert query.exception() is None
+    finally:
+        query.stop()
+    assert sink.counts() == {(BASE, "k"): len(MALFORMED)}  # the data only: no marker became a row
+    producer.close()
+    raw.close()

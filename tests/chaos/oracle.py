@@ -1,0 +1,58 @@
+"""The oracle in the fault suite: every watermark a scenario's generator published, against the log.
+
+`tests/oracle.py` does the judging; this module runs it at the end of a scenario, turns what the
+contract forbids (premature and stuck watermarks) into the suite's violations, and totals the
+reports of a run for `docs/chaos.json`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pulsar
+
+from pulsar_access.admin import PulsarAdmin
+from tests.chaos.checker import Violation
+from tests.oracle import OracleReport, TopicOracle, percentile
+from watermark_core.state import WatermarkConfig
+
+SETTLE_S = 30.0
+"""How long the generator may still take, after the final watermark arrived, to publish the fold at
+every subscription's final position before the subscription counts as stuck."""
+
+
+def judge_scenario(
+    client: pulsar.Client, admin: PulsarAdmin, topic: str, config: WatermarkConfig
+) -> tuple[OracleReport, list[Violation]]:
+    """The oracle's report on `topic` (its namespace keeps every message), and its violations."""
+    report = TopicOracle(client, admin, topic, config).check(SETTLE_S)
+    violations = [Violation(f"oracle-{f.kind}", f.subscription, str(f)) for f in report.premature + report.stuck]
+    return report, violations
+
+
+def describe(report: OracleReport | None) -> str:
+    """One line for the suite's progress output."""
+    if report is None:
+        return "oracle off"
+    late = report.late_ms()
+    return (
+        f"oracle: {report.checked} checked, {len(report.premature)} premature, {len(report.late)} late"
+        + (f" (max {max(late)} ms)" if late else "")
+        + f", {len(report.stuck)} stuck"
+    )
+
+
+def totals(reports: Iterable[OracleReport | None]) -> dict[str, int | None]:
+    """The run's oracle numbers: events checked, premature, late (with how late, in event-time ms), stuck."""
+    judged = [r for r in reports if r is not None]
+    late = [ms for report in judged for ms in report.late_ms()]
+    return {
+        "oracle_scenarios": len(judged),
+        "oracle_checked": sum(r.checked for r in judged),
+        "oracle_premature": sum(len(r.premature) for r in judged),
+        "oracle_late": sum(len(r.late) for r in judged),
+        "oracle_late_p50_ms": percentile(late, 50),
+        "oracle_late_p99_ms": percentile(late, 99),
+        "oracle_late_max_ms": max(late) if late else None,
+        "oracle_stuck": sum(len(r.stuck) for r in judged),
+    }
