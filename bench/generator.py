@@ -158,8 +158,8 @@ def generator_read_rate(
     tail = admin.internal_stats(topic)["lastConfirmedEntry"]
     ledger, entry = (int(x) for x in tail.split(":"))
     while True:
-        worker = service.workers.get(topic)
-        if worker is not None and worker.log is not None and worker.log.head_position[:2] >= (ledger, entry):
+        head = service.head_position(topic)
+        if head is not None and head[:2] >= (ledger, entry):
             break
         time.sleep(0.01)
     read_rate = count / (time.perf_counter() - started)

@@ -27,7 +27,8 @@ class GeneratorConfig:
     snapshot_interval_messages: int = 1_000
     snapshot_interval_s: float = 10.0
     poll_interval_s: float = 0.05
-    idle_poll_interval_s: float = 2.0
+    idle_poll_interval_s: float = 1.0
+    stats_rate: float = 10.0
     discovery_interval_s: float = 2.0
     metrics_port: int = 9108
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
@@ -75,14 +76,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--poll-interval-s", type=float, default=float(_env("WM_POLL_INTERVAL_S", str(d.poll_interval_s))),
-        help="how often to read subscription positions while a marker waits for them (env WM_POLL_INTERVAL_S; "
-        "default 0.05)",
+        help="how often to read subscription positions just after a marker was read, backing off while "
+        "nothing moves (env WM_POLL_INTERVAL_S; default 0.05)",
     )  # fmt: skip
     parser.add_argument(
         "--idle-poll-interval-s", type=float,
         default=float(_env("WM_IDLE_POLL_INTERVAL_S", str(d.idle_poll_interval_s))),
-        help="how often to look at a partition where nothing waits (new subscriptions, seeks) "
-        "(env WM_IDLE_POLL_INTERVAL_S; default 2)",
+        help="how often at most to look for changes (acknowledgements, seeks, new subscriptions) on a topic where "
+        "no marker was read lately (env WM_IDLE_POLL_INTERVAL_S; default 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--stats-rate", type=float, default=float(_env("WM_STATS_RATE", str(d.stats_rate))),
+        help="at most this many of those looks per second, over all owned topics: with more topics each is looked "
+        "at less often (env WM_STATS_RATE; default 10)",
     )  # fmt: skip
     parser.add_argument(
         "--metrics-port", type=int, default=int(_env("WM_METRICS_PORT", str(d.metrics_port))),
@@ -100,7 +106,8 @@ def from_arguments(args: argparse.Namespace) -> GeneratorConfig:
     if not namespaces and not topics:
         namespaces = ("public/default",)
     for value, name in ((args.producer_timeout_ms, "--producer-timeout-ms"), (args.txn_timeout_ms, "--txn-timeout-ms"),
-                        (args.snapshot_interval_messages, "--snapshot-interval-messages")):  # fmt: skip
+                        (args.snapshot_interval_messages, "--snapshot-interval-messages"),
+                        (args.stats_rate, "--stats-rate")):  # fmt: skip
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
     return GeneratorConfig(
@@ -112,6 +119,7 @@ def from_arguments(args: argparse.Namespace) -> GeneratorConfig:
         snapshot_interval_s=args.snapshot_interval_s,
         poll_interval_s=args.poll_interval_s,
         idle_poll_interval_s=args.idle_poll_interval_s,
+        stats_rate=args.stats_rate,
         metrics_port=args.metrics_port,
         instance_id=args.instance_id,
     )

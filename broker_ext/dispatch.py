@@ -1,96 +1,216 @@
-"""Publishes `SendWatermark` events to each topic's companion topic, through Pulsar itself.
+"""Publishes `SendWatermark` tables on each topic's companion topic, through Pulsar itself.
 
 Consumers read `<topic>__watermarks` with a compacted reader; the generator triggers compaction
-now and then so that a consumer that attaches finds the latest event of its subscription at once
-without reading the whole history.
+now and then so that a consumer that attaches finds the latest table of its partition at once
+without reading the whole history. Runs on the event loop's thread and never blocks it: a
+companion topic's producer is created on the worker pool (tables wait for it, in order), tables are
+sent asynchronously in the order the engines publish them, and a table whose send failed is sent
+again unless a later one of its partition was sent since.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
 
 import pulsar
 
+from broker_ext.engine.vocabulary import PublishTable
+from broker_ext.loop import EventLoop
+from broker_ext.metrics import GeneratorMetrics
 from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.topics import watermark_topic_for
-from watermark_core.protocol import EVENT_PROPERTY, SEND_WATERMARK, WatermarkEvent, encode_table, table_key
+from watermark_core.protocol import EVENT_PROPERTY, SEND_WATERMARK, encode_table, table_key
 
 log = logging.getLogger(__name__)
 
 COMPACT_EVERY_EVENTS = 200
 COMPACT_EVERY_S = 60.0
+RETRY_S = 1.0
+
+
+@dataclass
+class Companion:
+    """One companion topic: its producer once created, tables waiting for it, compaction bookkeeping."""
+
+    topic: str
+    producer: pulsar.Producer | None = None
+    creating: bool = False
+    waiting: list[PublishTable] = field(default_factory=list)
+    latest: dict[str, int] = field(default_factory=dict)
+    """Per partition key, the seq of the latest table sent."""
+    since_compaction: int = 0
+    compacted_at: float = 0.0
 
 
 class WatermarkDispatcher:
-    """One producer per companion topic, shared by every partition worker of that topic."""
+    """One producer per companion topic, shared by every partition of that topic."""
 
-    def __init__(self, client: pulsar.Client, admin: PulsarAdmin, instance_id: str) -> None:
+    def __init__(
+        self, client: pulsar.Client, admin: PulsarAdmin, instance_id: str, metrics: GeneratorMetrics,
+        loop: EventLoop, pool: Executor,
+    ) -> None:  # fmt: skip
         self._client = client
         self._admin = admin
         self._instance_id = instance_id
-        self._producers: dict[str, pulsar.Producer] = {}
-        self._since_compaction: dict[str, tuple[int, float]] = {}
+        self._metrics = metrics
+        self._loop = loop
+        self._post = loop.post
+        self._pool = pool
+        self._retries = 0
+        self._companions: dict[str, Companion] = {}
+        self._created = 0
         self._compaction_refused = False
-        self._lock = threading.Lock()
+        self._failures_logged = False
 
-    def _producer(self, companion: str) -> pulsar.Producer:
-        with self._lock:
-            producer = self._producers.get(companion)
-            if producer is None:
-                producer = self._client.create_producer(
-                    companion, producer_name=f"__wm_dispatch-{self._instance_id}-{len(self._producers)}",
-                    batching_enabled=False,
-                )  # fmt: skip
-                self._producers[companion] = producer
-                self._since_compaction[companion] = (0, time.monotonic())
-            return producer
+    def publish(self, table: PublishTable) -> None:
+        """Send a partition's table (every subscription's watermark); on the loop thread."""
+        name = watermark_topic_for(table.events[0].topic)
+        companion = self._companions.get(name)
+        if companion is None:
+            companion = self._companions[name] = Companion(name)
+        if companion.producer is None:
+            companion.waiting.append(table)
+            if not companion.creating:
+                companion.creating = True
+                self._created += 1
+                self._pool.submit(self._create, companion, f"__wm_dispatch-{self._instance_id}-{self._created}")
+            return
+        self._send(companion, table)
 
-    def publish(self, table: list[WatermarkEvent]) -> None:
-        """Send a partition's table (every subscription's watermark) and wait until it is durable."""
-        companion = watermark_topic_for(table[0].topic)
-        self._producer(companion).send(
-            encode_table(table),
-            partition_key=table_key(table[0].partition),
-            properties={EVENT_PROPERTY: SEND_WATERMARK},
-        )
+    def _create(self, companion: Companion, producer_name: str) -> None:
+        try:
+            producer = self._client.create_producer(
+                companion.topic, producer_name=producer_name, batching_enabled=False
+            )
+        except Exception as exc:
+            failure = exc
+            self._post(lambda: self._ready(companion, None, failure))
+            return
+        self._post(lambda: self._ready(companion, producer, None))
+
+    def _ready(self, companion: Companion, producer: pulsar.Producer | None, failure: Exception | None) -> None:
+        companion.creating = False
+        if self._companions.get(companion.topic) is not companion:  # forgotten meanwhile
+            if producer is not None:
+                self._pool.submit(_close, producer)
+            return
+        if producer is None:
+            log.warning("cannot publish watermarks on %s yet: %s; retrying in %.0f s",
+                        companion.topic, failure, RETRY_S)  # fmt: skip
+            self._retry_later(lambda: self._retry_create(companion))
+            return
+        companion.producer = producer
+        waiting, companion.waiting = companion.waiting, []
+        for table in waiting:
+            self._send(companion, table)
+
+    def _retry_create(self, companion: Companion) -> None:
+        if companion.producer is None and not companion.creating and self._companions.get(companion.topic) is companion:
+            companion.creating = True
+            self._created += 1
+            self._pool.submit(self._create, companion, f"__wm_dispatch-{self._instance_id}-{self._created}")
+
+    def _send(self, companion: Companion, table: PublishTable) -> None:
+        assert companion.producer is not None
+        first = table.events[0]
+        key = table_key(first.partition)
+        companion.latest[key] = first.seq
+        post = self._post
+
+        def sent(result: pulsar.Result, _msg_id: pulsar.MessageId) -> None:  # on a client thread
+            post(lambda: self._sent(companion, table, result))
+
+        try:
+            companion.producer.send_async(
+                encode_table(table.events), sent, partition_key=key, properties={EVENT_PROPERTY: SEND_WATERMARK}
+            )
+        except pulsar.PulsarException as exc:
+            failure = exc
+            post(lambda: self._sent(companion, table, failure))
+
+    def _sent(self, companion: Companion, table: PublishTable, result: object) -> None:
+        first = table.events[0]
+        if result != pulsar.Result.Ok:
+            if not self._failures_logged:
+                self._failures_logged = True
+                log.warning("publishing watermarks on %s failed (%s); sending again", companion.topic, result)
+            else:
+                log.debug("publishing watermarks on %s failed (%s); sending again", companion.topic, result)
+            self._retry_later(lambda: self._resend(companion, table))
+            return
+        self._failures_logged = False
+        changed = set(table.changed)
+        for event in table.events:
+            if event.subscription in changed:
+                if event.event_time is None:
+                    self._metrics.forget_watermark(event.topic, event.partition, event.subscription)
+                else:
+                    self._metrics.record_watermark(event.topic, event.partition, event.subscription, event.event_time)
+        log.debug("%s: published the table of partition %d (seq %d)", first.topic, first.partition, first.seq)
         self._maybe_compact(companion)
 
-    def _maybe_compact(self, companion: str) -> None:
-        with self._lock:
-            count, since = self._since_compaction[companion]
-            count += 1
-            due = count == 1 or count >= COMPACT_EVERY_EVENTS or time.monotonic() - since >= COMPACT_EVERY_S
-            self._since_compaction[companion] = (0, time.monotonic()) if due else (count, since)
-        if due and not self._compaction_refused:
-            try:
-                self._admin.trigger_compaction(companion)
-            except AdminError as exc:  # 409: one is running already; anything else is retried later
-                if exc.status in (401, 403):  # not this role's right (tenant admin): say so once, then stop asking
+    def _resend(self, companion: Companion, table: PublishTable) -> None:
+        first = table.events[0]
+        if self._companions.get(companion.topic) is not companion:
+            return
+        if companion.latest.get(table_key(first.partition)) != first.seq:
+            return  # a later table of that partition went out since
+        if companion.producer is None:
+            companion.waiting.append(table)
+            self._retry_create(companion)
+        else:
+            self._send(companion, table)
+
+    def _retry_later(self, work: Callable[[], None]) -> None:
+        self._retries += 1
+        self._loop.call_at(time.time() + RETRY_S, ("dispatch-retry", self._retries), work)
+
+    def _maybe_compact(self, companion: Companion) -> None:
+        companion.since_compaction += 1
+        now = time.monotonic()
+        due = (
+            companion.compacted_at == 0.0
+            or companion.since_compaction >= COMPACT_EVERY_EVENTS
+            or now - companion.compacted_at >= COMPACT_EVERY_S
+        )
+        if not due or self._compaction_refused:
+            return
+        companion.since_compaction, companion.compacted_at = 0, now
+        self._pool.submit(self._compact, companion.topic)
+
+    def _compact(self, topic: str) -> None:
+        try:
+            self._admin.trigger_compaction(topic)
+        except AdminError as exc:  # 409: one is running already; anything else is retried later
+            if exc.status in (401, 403):  # not this role's right (tenant admin): say so once, then stop asking
+                if not self._compaction_refused:
                     self._compaction_refused = True
                     log.warning(
                         "compaction of the __watermarks topics is not triggered: %s. Watermarks still flow; a "
                         "consumer that attaches reads the companion topic's whole history (see docs/SECURITY.md)",
                         exc,
                     )
-                elif exc.status != 409:
-                    log.warning("compaction of %s not triggered: %s", companion, exc)
+            elif exc.status != 409:
+                log.warning("compaction of %s not triggered: %s", topic, exc)
 
     def forget(self, topic: str) -> None:
-        companion = watermark_topic_for(topic)
-        with self._lock:
-            producer = self._producers.pop(companion, None)
-            self._since_compaction.pop(companion, None)
-        if producer is not None:
-            with contextlib.suppress(pulsar.PulsarException):
-                producer.close()
+        """The topic is gone: close its companion's producer (on the loop thread)."""
+        companion = self._companions.pop(watermark_topic_for(topic), None)
+        if companion is not None and companion.producer is not None:
+            self._pool.submit(_close, companion.producer)
 
     def close(self) -> None:
-        with self._lock:
-            producers = list(self._producers.values())
-            self._producers.clear()
-        for producer in producers:
-            with contextlib.suppress(pulsar.PulsarException):
-                producer.close()
+        companions, self._companions = list(self._companions.values()), {}
+        for companion in companions:
+            if companion.producer is not None:
+                _close(companion.producer)
+
+
+def _close(producer: pulsar.Producer) -> None:
+    with contextlib.suppress(Exception):
+        producer.close()

@@ -84,6 +84,10 @@ class SubscriptionTracker:
     applied_to: Position
     mark_delete: Position
     published: int | None = None
+    announced: bool = False
+    """Whether a table holding this subscription was published since it appeared or moved back."""
+    rebuilding: bool = False
+    """Its state is being rebuilt from the log (the marker log does not reach back to its position)."""
 
     def advance(self, log: MarkerLog) -> None:
         """Fold forward toward the mark-delete position, never past what the log has read."""

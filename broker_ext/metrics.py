@@ -48,6 +48,13 @@ class GeneratorMetrics:
         self.watermarks_published = Counter(
             "wm_watermarks_published", "SendWatermark events published", sub, registry=self.registry
         )
+        self.admin_calls = Counter(
+            "wm_admin_calls", "Admin API calls made to follow cursors, by call", ["call"], registry=self.registry
+        )
+        self.partitions = Gauge(
+            "wm_partitions", "Partitions followed, by whether this instance owns them", ["owned"],
+            registry=self.registry,
+        )  # fmt: skip
 
     def serve(self, port: int) -> None:
         """Expose /metrics on `port` (0: do not serve)."""
@@ -59,6 +66,13 @@ class GeneratorMetrics:
         self.watermark.labels(*labels).set(event_time)
         self.watermark_age.labels(*labels).set(max(0.0, time.time() - event_time / 1000))
         self.watermarks_published.labels(*labels).inc()
+
+    def forget_watermark(self, topic: str, partition: int, subscription: str) -> None:
+        """The subscription has no watermark now (moved back before every W_SET)."""
+        for gauge in (self.watermark, self.watermark_age):
+            with contextlib.suppress(KeyError):
+                gauge.remove(topic, str(partition), subscription)
+        self.watermarks_published.labels(topic, str(partition), subscription).inc()
 
     def forget_subscription(self, topic: str, partition: int, subscription: str) -> None:
         for gauge in (self.watermark, self.watermark_age):

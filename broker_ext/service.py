@@ -1,4 +1,11 @@
-"""`broker-ext serve`: discovers topics and runs one partition worker for each partition."""
+"""`broker-ext serve`: discovers topics and follows every partition on a few threads.
+
+Threads, whatever the number of partitions: this service's discovery loop; the event loop that
+feeds every partition's engine and carries out its commands (broker_ext/loop.py); a pool for
+blocking Pulsar calls (subscribing, creating producers, a rebuild's reads) and one for admin calls
+(broker_ext/polling.py); the Pulsar client's own I/O and listener threads; the metrics server.
+Messages reach the loop through each consumer's message listener.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +13,27 @@ import contextlib
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pulsar
 
 from broker_ext.config import GeneratorConfig
 from broker_ext.dispatch import WatermarkDispatcher
+from broker_ext.loop import EventLoop
 from broker_ext.metrics import GeneratorMetrics
-from broker_ext.partition_worker import Context, PartitionWorker
+from broker_ext.partition_io import Context, PartitionIO
+from broker_ext.polling import CursorPoller
 from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound
 from pulsar_access.settings import PulsarSettings
 from pulsar_access.topics import TopicName, full_name, is_watermark_topic, partition_names
+from watermark_core.protocol import Position
 
 log = logging.getLogger(__name__)
 
 FAILURE_REPEAT_S = 60.0
 """While the broker stays away, repeat its warning this often (not at every retry)."""
+IO_THREADS = 4
+ADMIN_THREADS = 3
 
 
 def is_followable(topic: str) -> bool:
@@ -38,9 +51,22 @@ class GeneratorService:
         self.client = self.settings.client(operation_timeout_seconds=10)
         self.admin = PulsarAdmin(self.settings)
         self.metrics = GeneratorMetrics()
-        self.dispatcher = WatermarkDispatcher(self.client, self.admin, config.instance_id)
-        self.ctx = Context(self.client, self.admin, config, self.dispatcher, self.metrics)
-        self.workers: dict[str, PartitionWorker] = {}
+        self.loop = EventLoop()
+        self.pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="wm-io")
+        self.admin_pool = ThreadPoolExecutor(ADMIN_THREADS, thread_name_prefix="wm-admin")
+        self.dispatcher = WatermarkDispatcher(
+            self.client, self.admin, config.instance_id, self.metrics, self.loop, self.pool
+        )
+        self.poller = CursorPoller(
+            self.loop, self.admin, self.admin_pool, poll_interval_s=config.poll_interval_s,
+            idle_poll_interval_s=config.idle_poll_interval_s, stats_rate=config.stats_rate,
+            count=lambda call: self.metrics.admin_calls.labels(call).inc(),
+        )  # fmt: skip
+        self.ctx = Context(
+            self.client, self.admin, config, self.dispatcher, self.metrics, self.loop, self.pool, self.poller
+        )
+        self.partitions: dict[str, PartitionIO] = {}
+        """Every partition followed, by topic name; touched only on the loop's thread."""
         self._stop = threading.Event()
         self._metrics_started = False
         self._missing_topics: set[str] = set()
@@ -67,20 +93,31 @@ class GeneratorService:
             found.update(partition_names(name, partitions))
         return {t for t in found if is_followable(t)}
 
-    def sync_workers(self) -> None:
-        """Start workers for new partitions, stop those of deleted ones."""
+    def sync_partitions(self) -> None:
+        """Follow new partitions, drop those of deleted topics (on the loop), subscribe where that failed."""
         wanted = self.partition_topics()
-        for topic in sorted(wanted - self.workers.keys()):
+        self.loop.post(lambda: self._sync(wanted))
+
+    def _sync(self, wanted: set[str]) -> None:
+        for topic in sorted(wanted - self.partitions.keys()):
             log.info("following %s", topic)
-            worker = PartitionWorker(topic, self.ctx)
-            self.workers[topic] = worker
-            worker.start()
-        for topic in sorted(self.workers.keys() - wanted):
+            partition = PartitionIO(topic, self.ctx)
+            self.partitions[topic] = partition
+            self.poller.add(partition)
+            partition.subscribe()
+        for topic in sorted(self.partitions.keys() - wanted):
             log.info("%s is gone; no longer following it", topic)
-            self.workers.pop(topic).stop()
-        for topic, worker in list(self.workers.items()):
-            if not worker.alive:
-                self.workers.pop(topic)
+            gone = self.partitions.pop(topic)
+            gone.close()
+            if not any(p.base_topic == gone.base_topic for p in self.partitions.values()):
+                self.dispatcher.forget(gone.base_topic)
+        for partition in self.partitions.values():
+            partition.subscribe()  # again, where it failed (a broker away)
+
+    def head_position(self, topic: str) -> Position | None:
+        """How far the engine of `topic` has read (for benchmarks; a racy read from another thread)."""
+        partition = self.partitions.get(topic)
+        return partition.engine.head_position if partition is not None else None
 
     def start_metrics(self) -> None:
         """Serve /metrics; a port in use is a ValueError that names the flag to change."""
@@ -106,9 +143,10 @@ class GeneratorService:
         log.info("watermark generator %s following namespaces %s and topics %s on %s (admin %s)",
                  self.config.instance_id, list(self.config.namespaces), list(self.config.topics),
                  self.settings.service_url, self.settings.admin_url)  # fmt: skip
+        self.loop.start()
         while not self._stop.is_set():
             try:
-                self.sync_workers()
+                self.sync_partitions()
             except AdminError as exc:
                 self._discovery_failed(exc)
             else:
@@ -131,18 +169,27 @@ class GeneratorService:
     def _discovery_succeeded(self) -> None:
         if self._failing_since is not None:
             log.info("the admin API at %s answers again after %.0f s; following %d partitions",
-                     self.settings.admin_url, time.monotonic() - self._failing_since, len(self.workers))  # fmt: skip
+                     self.settings.admin_url, time.monotonic() - self._failing_since, len(self.partitions))  # fmt: skip
             self._failing_since = None
 
     def stop(self) -> None:
         self._stop.set()
 
     def close(self) -> None:
-        for worker in self.workers.values():
-            worker._stop.set()
-        for worker in self.workers.values():
-            worker.stop()
-        self.workers.clear()
+        closed = threading.Event()
+
+        def close_partitions() -> None:
+            for partition in self.partitions.values():
+                partition.close()
+            self.partitions.clear()
+            closed.set()
+
+        if self.loop.alive:
+            self.loop.post(close_partitions)
+            closed.wait(10)
+        self.loop.stop()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.admin_pool.shutdown(wait=False, cancel_futures=True)
         self.dispatcher.close()
         with contextlib.suppress(pulsar.PulsarException):
             self.client.close()

@@ -6,10 +6,13 @@ that is refused each raise `AdminError` with one line saying what to do.
 
 from __future__ import annotations
 
+import http.client
+import json
 import re
+import threading
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode, urlsplit
 
 import requests
 
@@ -41,9 +44,61 @@ class PulsarAdmin:
         self._http.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
         self._http.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=64))
         self._http.headers.update(self.settings.admin_headers())
+        self._local = threading.local()
+        self._fast_connections: list[http.client.HTTPConnection] = []
+        self._fast_lock = threading.Lock()
 
     def close(self) -> None:
         self._http.close()
+        with self._fast_lock:
+            connections, self._fast_connections = self._fast_connections, []
+        for connection in connections:
+            connection.close()
+
+    def _connection(self) -> http.client.HTTPConnection:
+        """This thread's keep-alive connection for `_get`: a stats call costs a quarter of one through requests."""
+        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
+        if connection is None:
+            url = urlsplit(self.settings.admin_url)
+            kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+            connection = kind(url.hostname or "127.0.0.1", url.port, timeout=self.timeout_s)
+            self._local.connection = connection
+            with self._fast_lock:
+                self._fast_connections.append(connection)
+        return connection
+
+    def _get(self, path: str, params: dict[str, str] | None = None) -> Any:
+        """GET a JSON document on a plain keep-alive connection of this thread; errors as `_call` raises them.
+
+        For the generator's frequent stats calls; one retry on a connection the server closed.
+        """
+        prefix = urlsplit(self.settings.admin_url).path.rstrip("/")
+        target = f"{prefix}/admin/v2/{path}" + (f"?{urlencode(params)}" if params else "")
+        headers = {"Accept": "application/json", **self.settings.admin_headers()}
+        for attempt in (1, 2):
+            connection = self._connection()
+            try:
+                connection.request("GET", target, headers=headers)
+                response = connection.getresponse()
+                body = response.read()
+                break
+            except (http.client.HTTPException, OSError) as exc:
+                connection.close()
+                if attempt == 2 or isinstance(exc, TimeoutError):
+                    raise AdminError(
+                        f"Pulsar admin API at {self.settings.admin_url} does not answer ({type(exc).__name__}); "
+                        "start the cluster with 'make cluster-up' or set PULSAR_ADMIN_URL"
+                    ) from exc
+        text = body.decode("utf-8", errors="replace")
+        if response.status == 404:
+            raise TopicNotFound(f"not found: {path} ({text.strip()[:200]})", 404)
+        if response.status in (401, 403):
+            raise AdminError(self._refused_text("GET", path, response.status, text), response.status)
+        if response.status >= 400:
+            raise AdminError(
+                f"Pulsar admin API GET {path} failed with {response.status}: {text.strip()[:300]}", response.status
+            )
+        return json.loads(body) if body else None
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         url = f"{self.settings.admin_url}/admin/v2/{path}"
@@ -59,7 +114,9 @@ class PulsarAdmin:
         if response.status_code == 404:
             raise TopicNotFound(f"not found: {path} ({response.text.strip()[:200]})", 404)
         if response.status_code in (401, 403):
-            raise AdminError(self._refused(method, path, response), response.status_code)
+            raise AdminError(
+                self._refused_text(method, path, response.status_code, response.text), response.status_code
+            )
         if response.status_code >= 400:
             raise AdminError(
                 f"Pulsar admin API {method} {path} failed with {response.status_code}: {response.text.strip()[:300]}",
@@ -72,7 +129,7 @@ class PulsarAdmin:
         except ValueError:
             return response.text
 
-    def _refused(self, method: str, path: str, response: requests.Response) -> str:
+    def _refused_text(self, method: str, path: str, status: int, text: str) -> str:
         """A 401 or 403 as one line that says what to do about it.
 
         Pulsar answers 401 both when it cannot authenticate the caller (an HTML page, "Authentication
@@ -81,16 +138,16 @@ class PulsarAdmin:
         """
         where = f"Pulsar admin API at {self.settings.admin_url} refused {method} {path}"
         token = self.settings.auth_token
-        operation = _OPERATION.search(response.text)
+        operation = _OPERATION.search(text)
         if token is None:
             return (
-                f"{where} ({response.status_code}: authentication required); set PULSAR_AUTH_TOKEN or "
+                f"{where} ({status}: authentication required); set PULSAR_AUTH_TOKEN or "
                 "PULSAR_AUTH_TOKEN_FILE (Spark: option authToken) to a token of a role with access; a local cluster "
                 "started with 'make cluster-up AUTH=token' writes them to .cluster/auth/"
             )
-        if operation is None and "Unauthorized" not in response.text:
+        if operation is None and "Unauthorized" not in text:
             return (
-                f"{where} ({response.status_code}: the token in PULSAR_AUTH_TOKEN / PULSAR_AUTH_TOKEN_FILE was not "
+                f"{where} ({status}: the token in PULSAR_AUTH_TOKEN / PULSAR_AUTH_TOKEN_FILE was not "
                 "accepted); use a token signed with this cluster's key ('make cluster-up AUTH=token' writes them "
                 "to .cluster/auth/)"
             )
@@ -101,17 +158,17 @@ class PulsarAdmin:
         what = f"operation {operation.group(1)}" if operation else f"{method} {path}"
         if namespace is None or needed == "a super user":
             return (
-                f"{where} ({response.status_code}): role {role!r} is not allowed {what}, which needs a super user; "
+                f"{where} ({status}): role {role!r} is not allowed {what}, which needs a super user; "
                 "use a super user's token in PULSAR_AUTH_TOKEN or PULSAR_AUTH_TOKEN_FILE"
             )
         if needed == "tenant admin":
             tenant = namespace.split("/")[0]
             return (
-                f"{where} ({response.status_code}): role {role!r} is not allowed {what}, which needs an admin of "
+                f"{where} ({status}): role {role!r} is not allowed {what}, which needs an admin of "
                 f"tenant {tenant!r} (pulsar-admin tenants update {tenant} --admin-roles {role}) or a super user"
             )
         return (
-            f"{where} ({response.status_code}): role {role!r} lacks permission {needed} on namespace {namespace} "
+            f"{where} ({status}): role {role!r} lacks permission {needed} on namespace {namespace} "
             f"({what}); grant it as a super user with 'pulsar-admin namespaces grant-permission {namespace} "
             f"--role {role} --actions produce,consume' (REST: POST /admin/v2/namespaces/{namespace}/permissions/"
             f'{role} with body ["produce", "consume"]), or set PULSAR_AUTH_TOKEN / PULSAR_AUTH_TOKEN_FILE to a '
@@ -198,6 +255,33 @@ class PulsarAdmin:
     def topic_stats(self, topic: str) -> dict[str, Any]:
         return dict(self._call("GET", f"{TopicName.parse(topic).rest_path}/stats"))
 
+    # -- the generator's frequent calls (a plain keep-alive connection per thread) -----------------
+
+    def brief_stats(self, topic: str) -> dict[str, Any]:
+        """A (partition) topic's stats without producers and consumers."""
+        return dict(self._get(f"{TopicName.parse(topic).rest_path}/stats", BRIEF_STATS))
+
+    def partitioned_brief_stats(self, topic: str) -> dict[str, dict[str, Any]]:
+        """Every partition's stats (without producers and consumers) of a partitioned topic, in one call.
+
+        Keyed by partition topic name; a partition whose stats the broker could not get is left out.
+        """
+        result = self._get(f"{TopicName.parse(topic).rest_path}/partitioned-stats",
+                           {**BRIEF_STATS, "perPartition": "true"})  # fmt: skip
+        return dict((result or {}).get("partitions") or {})
+
+    def fast_internal_stats(self, topic: str) -> dict[str, Any]:
+        """`internal_stats` on the plain connection."""
+        return dict(self._get(f"{TopicName.parse(topic).rest_path}/internalStats"))
+
+    def partitioned_internal_stats(self, topic: str) -> dict[str, dict[str, Any]]:
+        """Every partition's internal stats of a partitioned topic, in one call (the broker asks each partition).
+
+        Keyed by partition topic name; a partition whose stats the broker could not get is left out.
+        """
+        result = self._get(f"{TopicName.parse(topic).rest_path}/partitioned-internalStats")
+        return dict((result or {}).get("partitions") or {})
+
     def mark_delete_position(self, topic: str, subscription: str) -> tuple[int, int]:
         """The subscription's mark-delete position (ledger, entry): everything up to it is acked."""
         cursors = self.internal_stats(topic).get("cursors", {})
@@ -214,6 +298,10 @@ class PulsarAdmin:
 
     def trigger_compaction(self, topic: str) -> None:
         self._call("PUT", f"{TopicName.parse(topic).rest_path}/compaction")
+
+
+BRIEF_STATS = {"excludePublishers": "true", "excludeConsumers": "true", "subscriptionBacklogSize": "false"}
+"""Stats without the lists of producers and consumers: what the generator's change detector reads."""
 
 
 def parse_position(text: str) -> tuple[int, int]:

@@ -1,10 +1,10 @@
-"""The generator's check of a state it rebuilt from the log against what it read itself (pure)."""
+"""The checks of a state rebuilt from the log against what the generator read itself (pure)."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker_ext.partition_worker import BEFORE_EVERYTHING, history_deleted, rebuilt_is_consistent
+from broker_ext.engine.recovery import BEFORE_EVERYTHING, history_deleted, rebuilt_is_consistent
 from watermark_core.protocol import Marker, MarkerKind, position_of
 from watermark_core.state import WatermarkState, apply_all
 

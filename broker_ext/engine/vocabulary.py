@@ -1,0 +1,244 @@
+"""What a partition engine is told (events) and what it asks for (commands).
+
+The engine never does I/O: the shell around it (broker_ext/service.py) turns what Pulsar delivers
+and what the admin API answers into events, and carries out the commands, reporting the outcome of
+the ones that take time (a snapshot written, a range read) as events again. Reports are commands
+too: what the shell counts in metrics.
+
+Positions are `(ledger, entry, batch_index)` of ONE partition (watermark_core/protocol.py);
+positions the admin API gives, without a batch index, are `(ledger, entry)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from watermark_core.protocol import Marker, Position, WatermarkEvent
+from watermark_core.state import WatermarkConfig, WatermarkState
+
+AdminPosition = tuple[int, int]
+"""(ledger, entry) as the admin API states positions."""
+
+
+# -- events -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EntryRead:
+    """The generator's consumer delivered the entry at `position`: a marker, or data of `producer`.
+
+    A malformed marker is passed as data (the shell counts and logs it). `event_time` is the data
+    message's event timestamp, 0 when it has none.
+    """
+
+    position: Position
+    marker: Marker | None = None
+    producer: str = ""
+    event_time: int = 0
+
+
+@dataclass(frozen=True)
+class CursorsPolled:
+    """The partition's cursors and ledgers, read from its internal stats (one admin call).
+
+    `subscriptions` maps every durable application subscription to its mark-delete position, and
+    holds all of them: one missing is one removed. `ledgers` are (ledger id, entries), oldest first.
+    """
+
+    subscriptions: Mapping[str, AdminPosition]
+    generator_cursor: AdminPosition
+    last_confirmed: AdminPosition
+    ledgers: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class OwnershipLost:
+    """Pulsar made another consumer of `__wm_generator` the active one: `owner` (its name)."""
+
+    owner: str
+
+
+@dataclass(frozen=True)
+class SnapshotWritten:
+    """The snapshot asked for by the last `WriteSnapshot` is durable; the record landed at `message`."""
+
+    message: Position
+
+
+@dataclass(frozen=True)
+class SnapshotFailed:
+    """Writing the snapshot asked for by the last `WriteSnapshot` failed; it is asked for again later."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class MarkerFetched:
+    """The answer to `ReadMarkerAt(request, position)`.
+
+    `marker` is None when the entry there is not a marker or is gone; `error` is set when the read
+    failed (broker away): then the rebuild is retried later.
+    """
+
+    request: int
+    position: Position
+    marker: Marker | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class RangeRead:
+    """The answer to `ReadRange(request, start, stop)`.
+
+    `first` is the first entry the reader delivered after `start` (None: it delivered nothing);
+    `markers` the markers it read in (start, stop], in order; `ledgers` the partition's ledger ids
+    as the admin API lists them after the read. `error` is set when the read failed.
+    """
+
+    request: int
+    first: Position | None
+    markers: tuple[Marker, ...]
+    ledgers: frozenset[int]
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed: the engine asked for it (`wakeup_at`); the time itself is `handle`'s `now`."""
+
+
+Event = EntryRead | CursorsPolled | OwnershipLost | SnapshotWritten | SnapshotFailed | MarkerFetched | RangeRead | Tick
+
+
+# -- commands ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WriteSnapshot:
+    """Write `state` as a W_SNAPSHOT naming `previous`; answer `SnapshotWritten` or `SnapshotFailed`.
+
+    At most one is outstanding. A `periodic` one states the head's read position, the entry the
+    shell fed last: the shell keeps that message, to acknowledge it on `AcknowledgeUpTo`.
+    """
+
+    state: WatermarkState
+    previous: Position | None
+    periodic: bool
+
+
+@dataclass(frozen=True)
+class AcknowledgeUpTo:
+    """Move the generator's cursor (`__wm_generator`) up to `position`: a snapshot there is durable."""
+
+    position: Position
+
+
+@dataclass(frozen=True)
+class PublishTable:
+    """Publish the partition's table (one event per subscription) on the companion topic.
+
+    `changed` names the subscriptions whose watermark this table changes (for the metrics).
+    """
+
+    events: tuple[WatermarkEvent, ...]
+    changed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReadRange:
+    """Read the partition in (start, stop] with a reader of its own; answer `RangeRead`."""
+
+    request: int
+    start: Position
+    stop: Position
+
+
+@dataclass(frozen=True)
+class ReadMarkerAt:
+    """Read the one entry at `position` (a snapshot of the chain); answer `MarkerFetched`."""
+
+    request: int
+    position: Position
+
+
+@dataclass(frozen=True)
+class PollCursors:
+    """Read the partition's cursors now (answer `CursorsPolled`): a take-over needs them."""
+
+
+@dataclass(frozen=True)
+class HeadWatermark:
+    """The watermark of the head state changed: `watermark` holds from `position` on (in the log)."""
+
+    position: Position
+    watermark: int | None
+
+
+# reports: what the shell counts and forgets in metrics
+
+
+@dataclass(frozen=True)
+class MarkerFolded:
+    """A marker was folded into the head state."""
+
+    position: Position
+
+
+@dataclass(frozen=True)
+class BrokenAssertion:
+    """A data message below its own producer's latest W_SET (a late message)."""
+
+    producer: str
+    event_time: int
+    position: Position
+
+
+@dataclass(frozen=True)
+class UnusableSnapshot:
+    """A generator's W_SNAPSHOT that does not decode (e.g. an incompatible version): skipped."""
+
+    position: Position
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReadLag:
+    """Entries between the head and the partition's last entry, at the latest cursor poll."""
+
+    entries: int
+
+
+@dataclass(frozen=True)
+class SubscriptionRemoved:
+    """A subscription is gone: its metrics go too."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class RebuildRefused:
+    """A state rebuilt from the log was not used (it could be premature); retried later."""
+
+    target: Position
+    reason: str
+
+
+Command = (
+    WriteSnapshot | AcknowledgeUpTo | PublishTable | ReadRange | ReadMarkerAt | PollCursors | HeadWatermark
+    | MarkerFolded | BrokenAssertion | UnusableSnapshot | ReadLag | SubscriptionRemoved | RebuildRefused
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How often an engine snapshots and how patient it is; the watermark's own configuration inside."""
+
+    watermark: WatermarkConfig = field(default_factory=WatermarkConfig)
+    """What every fold of the partition's markers uses (producer and transaction timeouts)."""
+    snapshot_interval_messages: int = 1_000
+    snapshot_interval_s: float = 10.0
+    takeover_idle_s: float = 0.2
+    """A take-over stops looking for a snapshot in what is delivered after this long without an entry."""
+    retry_initial_s: float = 0.5
+    retry_max_s: float = 10.0

@@ -1,0 +1,362 @@
+"""One partition's Pulsar side: the consumer that makes it ours, its snapshot producer, and its engine.
+
+Everything here runs on the event loop's thread (broker_ext/loop.py), except what is handed to the
+worker pool and comes back as an event: subscribing, creating the snapshot producer, the reads of
+a rebuild. A partition costs nothing while nothing happens on it: no thread, no timer, no admin
+call beyond the sweep of its topic (broker_ext/polling.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import pulsar
+
+from broker_ext.config import GeneratorConfig
+from broker_ext.dispatch import WatermarkDispatcher
+from broker_ext.engine import EngineConfig, PartitionEngine
+from broker_ext.engine.recovery import BEFORE_EVERYTHING
+from broker_ext.engine.vocabulary import (
+    AcknowledgeUpTo,
+    BrokenAssertion,
+    Command,
+    CursorsPolled,
+    EntryRead,
+    Event,
+    HeadWatermark,
+    MarkerFolded,
+    OwnershipLost,
+    PollCursors,
+    PublishTable,
+    ReadLag,
+    ReadMarkerAt,
+    ReadRange,
+    RebuildRefused,
+    SnapshotFailed,
+    SnapshotWritten,
+    SubscriptionRemoved,
+    Tick,
+    UnusableSnapshot,
+    WriteSnapshot,
+)
+from broker_ext.loop import EventLoop
+from broker_ext.metrics import GeneratorMetrics
+from broker_ext.ownership import consumer_name, instance_of
+from broker_ext.polling import CursorPoller, PollState
+from broker_ext.reads import message_position, read_marker_at, read_range
+from pulsar_access.admin import PulsarAdmin
+from pulsar_access.topics import base_topic_and_partition
+from watermark_core.protocol import (
+    GENERATOR_SUBSCRIPTION,
+    MARKER_PROPERTY,
+    SNAPSHOT_PRODUCER_PREFIX,
+    MalformedMarker,
+    MarkerKind,
+    Position,
+    decode_marker,
+    position_of,
+)
+from watermark_core.snapshot import encode_snapshot
+
+log = logging.getLogger(__name__)
+
+RECEIVER_QUEUE = 1_000
+
+
+@dataclass
+class Context:
+    """What every partition of one generator shares."""
+
+    client: pulsar.Client
+    admin: PulsarAdmin
+    config: GeneratorConfig
+    dispatcher: WatermarkDispatcher
+    metrics: GeneratorMetrics
+    loop: EventLoop
+    pool: Executor
+    """Blocking Pulsar calls: subscribing, creating producers, a rebuild's reads."""
+    poller: CursorPoller
+
+
+def engine_config(config: GeneratorConfig) -> EngineConfig:
+    return EngineConfig(
+        watermark=config.watermark_config,
+        snapshot_interval_messages=config.snapshot_interval_messages,
+        snapshot_interval_s=config.snapshot_interval_s,
+    )
+
+
+class PartitionIO:
+    """Feeds one partition's engine with what Pulsar delivers and answers, and carries out its commands."""
+
+    def __init__(self, topic: str, ctx: Context) -> None:
+        self.topic = topic
+        self.base_topic, self.partition = base_topic_and_partition(topic)
+        self.ctx = ctx
+        self.engine = PartitionEngine(topic, engine_config(ctx.config))
+        self.consumer_name = consumer_name(self.base_topic, ctx.config.instance_id)
+        self.poll = PollState()
+        self.closed = False
+        self.consumer: pulsar.Consumer | None = None
+        self.subscribing = False
+        self.head: HeadWatermark | None = None
+        """The head state's latest watermark and where it took effect (for a Spark source to read, later)."""
+        self._producer: pulsar.Producer | None = None
+        self._creating_producer = False
+        self._waiting_write: WriteSnapshot | None = None
+        self._last_position: Position = BEFORE_EVERYTHING
+        self._last_message: pulsar.Message | None = None
+        self._anchor: tuple[Position, pulsar.Message] | None = None
+        """The message a periodic snapshot states, acknowledged once the snapshot is durable."""
+        self._was_owner = False
+        self._malformed_logged: set[str] = set()
+        labels = (self.base_topic, str(self.partition))
+        self._markers_applied = ctx.metrics.markers_applied.labels(*labels)
+        ctx.metrics.partitions.labels("false").inc()
+
+    # -- what the poller asks ---------------------------------------------------------------------------
+
+    @property
+    def owner(self) -> bool:
+        return self.engine.owner
+
+    @property
+    def wants_cursors(self) -> bool:
+        return self.engine.wants_cursors
+
+    def cursors(self, polled: CursorsPolled) -> None:
+        self.handle(polled, polled=True)
+
+    def lost(self, owner: str) -> None:
+        self.handle(OwnershipLost(instance_of(owner)))
+
+    # -- subscribing ------------------------------------------------------------------------------------
+
+    def subscribe(self) -> None:
+        """Subscribe `__wm_generator` (on the pool); delivery then makes this instance the owner."""
+        if self.consumer is not None or self.subscribing or self.closed:
+            return
+        self.subscribing = True
+        self.ctx.pool.submit(self._subscribe)
+
+    def _subscribe(self) -> None:
+        try:
+            consumer = self.ctx.client.subscribe(
+                self.topic, GENERATOR_SUBSCRIPTION,
+                consumer_type=pulsar.ConsumerType.Failover,
+                consumer_name=self.consumer_name,
+                initial_position=pulsar.InitialPosition.Earliest,
+                receiver_queue_size=RECEIVER_QUEUE,
+                message_listener=self._listener,
+            )  # fmt: skip
+        except Exception as exc:  # the broker away: discovery subscribes again
+            failure = exc
+            self.ctx.loop.post(lambda: self._subscribed(None, failure))
+            return
+        self.ctx.loop.post(lambda: self._subscribed(consumer, None))
+
+    def _subscribed(self, consumer: pulsar.Consumer | None, failure: Exception | None) -> None:
+        self.subscribing = False
+        if consumer is None:
+            log.debug("%s: subscribing failed (%s); trying again at the next discovery", self.topic, failure)
+            return
+        if self.closed:
+            self.ctx.pool.submit(_close, consumer)
+            return
+        self.consumer = consumer
+
+    def _listener(self, _consumer: pulsar.Consumer, message: pulsar.Message) -> None:
+        """On the client's listener thread: hand the message to the loop (waits while the loop is far behind)."""
+        self.ctx.loop.post_message(lambda: self.on_message(message))
+
+    # -- events -----------------------------------------------------------------------------------------
+
+    def on_message(self, message: pulsar.Message) -> None:
+        if self.closed:
+            return
+        position = message_position(message)
+        if position > self._last_position:
+            self._last_position, self._last_message = position, message
+        properties = message.properties()
+        if MARKER_PROPERTY in properties:
+            try:
+                marker = decode_marker(
+                    properties, message.data(), message.producer_name(), position, message.publish_timestamp()
+                )
+            except MalformedMarker as exc:
+                self._malformed(exc, message.producer_name(), position)
+                marker = None
+            if marker is not None:
+                self.handle(EntryRead(position, marker), marker_read=marker.kind is not MarkerKind.W_SNAPSHOT)
+                return
+        self.handle(EntryRead(position, None, message.producer_name(), message.event_timestamp()))
+
+    def handle(self, event: Event, *, marker_read: bool = False, polled: bool = False) -> None:
+        """Feed the engine one event and carry out what it asks."""
+        if self.closed:
+            return
+        for command in self.engine.handle(event, time.time()):
+            self._carry_out(command)
+        wakeup = self.engine.wakeup_at
+        key = (self.topic, "tick")
+        if wakeup is None:
+            self.ctx.loop.cancel(key)
+        elif self.ctx.loop.scheduled(key) != wakeup:
+            self.ctx.loop.call_at(wakeup, key, lambda: self.handle(Tick()))
+        owner = self.engine.owner
+        if owner != self._was_owner:
+            self._was_owner = owner
+            self.ctx.metrics.partitions.labels("true").inc(1 if owner else -1)
+            self.ctx.metrics.partitions.labels("false").inc(-1 if owner else 1)
+            if owner:
+                self.ctx.poller.owned(self)
+        if not polled:
+            self.ctx.poller.after(self, marker_read)
+
+    def _malformed(self, exc: MalformedMarker, producer: str, position: Position) -> None:
+        self.ctx.metrics.malformed_markers.labels(self.base_topic, str(self.partition), exc.reason).inc()
+        if exc.reason not in self._malformed_logged:
+            self._malformed_logged.add(exc.reason)
+            log.warning("%s: skipping malformed marker (%s) from %r at %s: %s",
+                        self.topic, exc.reason, producer, position[:2], exc)  # fmt: skip
+
+    # -- commands ---------------------------------------------------------------------------------------
+
+    def _carry_out(self, command: Command) -> None:
+        labels = (self.base_topic, str(self.partition))
+        if isinstance(command, MarkerFolded):
+            self._markers_applied.inc()
+        elif isinstance(command, PublishTable):
+            self.ctx.dispatcher.publish(command)
+        elif isinstance(command, WriteSnapshot):
+            self._write(command)
+        elif isinstance(command, AcknowledgeUpTo):
+            self._acknowledge(command.position)
+        elif isinstance(command, PollCursors):
+            self.ctx.poller.request(self)
+        elif isinstance(command, ReadRange):
+            self._read(lambda: read_range(self.ctx.client, self.ctx.admin, self.topic, command))
+        elif isinstance(command, ReadMarkerAt):
+            self._read(lambda: read_marker_at(self.ctx.client, self.topic, command))
+        elif isinstance(command, HeadWatermark):
+            self.head = command
+        elif isinstance(command, BrokenAssertion):
+            self.ctx.metrics.broken_assertions.labels(*labels, command.producer).inc()
+        elif isinstance(command, UnusableSnapshot):
+            self.ctx.metrics.malformed_markers.labels(*labels, command.reason).inc()
+        elif isinstance(command, ReadLag):
+            self.ctx.metrics.read_lag.labels(*labels).set(command.entries)
+        elif isinstance(command, SubscriptionRemoved):
+            self.ctx.metrics.forget_subscription(self.base_topic, self.partition, command.name)
+        elif isinstance(command, RebuildRefused):
+            pass  # the engine logged it; the chaos suite keeps evidence of it
+
+    def _read(self, read: Callable[[], Event]) -> None:
+        def work() -> None:
+            result = read()
+            self.ctx.loop.post(lambda: self.handle(result))
+
+        self.ctx.pool.submit(work)
+
+    def _acknowledge(self, position: Position) -> None:
+        """Move our cursor to a durable snapshot's stated position: acknowledge the message there."""
+        anchor, self._anchor = self._anchor, None
+        if anchor is None or anchor[0] != position or self.consumer is None:
+            log.debug("%s: not acknowledging up to %s (the message there is not at hand)", self.topic, position[:2])
+            return
+        try:
+            self.consumer.acknowledge_cumulative(anchor[1])
+        except pulsar.PulsarException as exc:  # the next snapshot acknowledges further
+            log.debug("%s: acknowledging up to %s failed: %s", self.topic, position[:2], exc)
+
+    def _write(self, command: WriteSnapshot) -> None:
+        if command.periodic:
+            at_hand = self._last_position == command.state.position
+            message = self._last_message
+            self._anchor = (self._last_position, message) if at_hand and message is not None else None
+        if self._producer is None:
+            self._waiting_write = command
+            if not self._creating_producer:
+                self._creating_producer = True
+                self.ctx.pool.submit(self._create_producer)
+            return
+        self._send(self._producer, command)
+
+    def _create_producer(self) -> None:
+        try:
+            producer = self.ctx.client.create_producer(
+                self.topic, producer_name=f"{SNAPSHOT_PRODUCER_PREFIX}{self.ctx.config.instance_id}",
+                batching_enabled=False,
+            )  # fmt: skip
+        except Exception as exc:
+            failure = exc
+            self.ctx.loop.post(lambda: self._producer_ready(None, failure))
+            return
+        self.ctx.loop.post(lambda: self._producer_ready(producer, None))
+
+    def _producer_ready(self, producer: pulsar.Producer | None, failure: Exception | None) -> None:
+        self._creating_producer = False
+        waiting, self._waiting_write = self._waiting_write, None
+        if self.closed:
+            if producer is not None:
+                self.ctx.pool.submit(_close, producer)
+            return
+        if producer is None:
+            self.handle(SnapshotFailed(f"creating the snapshot producer failed: {failure}"))
+            return
+        self._producer = producer
+        if waiting is not None:
+            self._send(producer, waiting)
+
+    def _send(self, producer: pulsar.Producer, command: WriteSnapshot) -> None:
+        loop = self.ctx.loop
+
+        def sent(result: pulsar.Result, msg_id: pulsar.MessageId) -> None:  # on a client thread
+            if result == pulsar.Result.Ok:
+                where = position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+                loop.post(lambda: self._written(where))
+            else:
+                loop.post(lambda: self.handle(SnapshotFailed(str(result))))
+
+        try:
+            producer.send_async(
+                encode_snapshot(command.state, command.previous), sent,
+                properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value},
+            )  # fmt: skip
+        except pulsar.PulsarException as exc:
+            failure = exc
+            loop.post(lambda: self.handle(SnapshotFailed(str(failure))))
+
+    def _written(self, where: Position) -> None:
+        labels = (self.base_topic, str(self.partition))
+        self.ctx.metrics.snapshots_written.labels(*labels).inc()
+        self.ctx.metrics.last_snapshot.labels(*labels).set(time.time())
+        self.handle(SnapshotWritten(where))
+
+    # -- closing ----------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """The partition is gone (or the generator stops): release its consumer and producer."""
+        if self.closed:
+            return
+        self.closed = True
+        self.ctx.loop.cancel((self.topic, "tick"))
+        self.ctx.poller.remove(self)
+        if self._was_owner:
+            self.ctx.metrics.partitions.labels("true").dec()
+        else:
+            self.ctx.metrics.partitions.labels("false").dec()
+        for closable in (self.consumer, self._producer):
+            if closable is not None:
+                self.ctx.pool.submit(_close, closable)
+        self.consumer = self._producer = None
+
+
+def _close(closable: pulsar.Consumer | pulsar.Producer) -> None:
+    with contextlib.suppress(Exception):
+        closable.close()

@@ -1,0 +1,402 @@
+"""When to read which partition's cursors: the admin calls that follow markers, not partitions.
+
+The engines need every subscription's mark-delete position (internal stats); reading them for
+every partition all the time is what made the generator's cost grow with partitions. So:
+
+- **Fast polls** follow markers. A marker read, or a cursor that moved, arms a partition's fast
+  poll: its internal stats every `poll_interval_s`, backing off by 1.5x while nothing moves, until
+  no marker waits for a subscription (`engine.wants_cursors`) or the interval reaches
+  `idle_poll_interval_s`; then the sweep takes over.
+- **The sweep** is a cheap change detector over the topics this instance owns, one admin call per
+  topic (one per partitioned topic: `partitioned-stats`), round-robin, at most `stats_rate` calls a
+  second and each topic at most every `idle_poll_interval_s`. Per partition it reads the durable
+  subscriptions, the active consumer of `__wm_generator` (ownership) and a fingerprint: messages in,
+  and per subscription its backlog and `lastMarkDeleteAdvancedTimestamp`. Internal stats are read
+  only where the fingerprint changed: an acknowledgement (the timestamp), a seek or reset (it does
+  not touch the timestamp, but the backlog changes, in either direction, unless a publish of exactly
+  as many entries hides it: then messages in changed), a new or removed subscription.
+- **Batching**: internal stats wanted for several partitions of one partitioned topic at once are
+  read with one `partitioned-internalStats` call.
+
+An idle partition thus costs one stats call per sweep period, `max(idle_poll_interval_s,
+owned topics / stats_rate)`; that period is also the bound on noticing a seek, a new subscription or
+a lost ownership on a partition where no marker waits (docs/DECISIONS.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from broker_ext.engine.vocabulary import CursorsPolled
+from broker_ext.loop import EventLoop
+from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound, last_confirmed_entry, mark_delete_of
+from watermark_core.protocol import GENERATOR_SUBSCRIPTION, INTERNAL_SUBSCRIPTIONS
+
+log = logging.getLogger(__name__)
+
+BACKOFF = 1.5
+RETRY_MAX_S = 10.0
+FAILURE_REPEAT_S = 60.0
+
+Fingerprint = tuple[int, tuple[tuple[str, int, int], ...]]
+
+
+@dataclass(frozen=True)
+class Detected:
+    """What the sweep reads of one partition's stats."""
+
+    durable: frozenset[str]
+    active: str | None
+    """The active consumer of `__wm_generator` (None while there is none)."""
+    fingerprint: Fingerprint
+
+
+def detected(stats: Mapping[str, Any]) -> Detected:
+    """The durable application subscriptions, the owner and the change fingerprint of a partition's stats."""
+    subscriptions = stats.get("subscriptions") or {}
+    durable = frozenset(
+        name for name, sub in subscriptions.items() if sub.get("isDurable", True) and name not in INTERNAL_SUBSCRIPTIONS
+    )
+    ours = subscriptions.get(GENERATOR_SUBSCRIPTION) or {}
+    fingerprint = (
+        int(stats.get("msgInCounter", 0)),
+        tuple(sorted(
+            (name, int(sub.get("msgBacklog", 0)), int(sub.get("lastMarkDeleteAdvancedTimestamp", 0)))
+            for name, sub in subscriptions.items() if name in durable
+        )),
+    )  # fmt: skip
+    return Detected(durable, ours.get("activeConsumerName") or None, fingerprint)
+
+
+def cursors_polled(internal: Mapping[str, Any], durable: frozenset[str]) -> CursorsPolled:
+    """The engine's `CursorsPolled` from a partition's internal stats and its durable subscriptions.
+
+    Internal stats list readers' non-durable cursors too: only the durable ones count.
+    """
+    cursors = internal.get("cursors") or {}
+    return CursorsPolled(
+        subscriptions={name: mark_delete_of(cursor) for name, cursor in cursors.items() if name in durable},
+        generator_cursor=mark_delete_of(cursors.get(GENERATOR_SUBSCRIPTION) or {}),
+        last_confirmed=last_confirmed_entry(dict(internal)),
+        ledgers=tuple((int(info["ledgerId"]), int(info.get("entries", 0))) for info in internal.get("ledgers") or []),
+    )
+
+
+class Followed(Protocol):
+    """What the poller needs of a partition (broker_ext/partition_io.py `PartitionIO`)."""
+
+    topic: str
+    base_topic: str
+    partition: int
+    consumer_name: str
+    poll: PollState
+    closed: bool
+
+    @property
+    def owner(self) -> bool: ...
+
+    @property
+    def wants_cursors(self) -> bool: ...
+
+    def cursors(self, polled: CursorsPolled) -> None: ...
+
+    def lost(self, owner: str) -> None: ...
+
+
+@dataclass
+class PollState:
+    """One partition's polling, kept by the poller (on the loop thread)."""
+
+    durable: frozenset[str] | None = None
+    fingerprint: Fingerprint | None = None
+    in_flight: bool = False
+    again: bool = False
+    fast_interval: float = 0.0
+    """0: no fast poll; else the interval of the next one."""
+    handed_over: bool = False
+    """A marker still waits, but the fast poll backed off to the sweep; a marker read or a move re-arms it."""
+    positions: Mapping[str, tuple[int, int]] | None = None
+    retry_s: float = 0.0
+
+
+@dataclass
+class TopicSweep:
+    """A base topic in the sweep's round-robin."""
+
+    base_topic: str
+    partitions: dict[int, Followed]
+    last: float = 0.0
+    queued: bool = False
+
+
+class CursorPoller:
+    """Schedules every admin call that reads cursors; runs them on `pool`, handles the answers on the loop."""
+
+    def __init__(
+        self, loop: EventLoop, admin: PulsarAdmin, pool: Executor, *, poll_interval_s: float,
+        idle_poll_interval_s: float, stats_rate: float, count: Callable[[str], None] = lambda call: None,
+    ) -> None:  # fmt: skip
+        self.loop = loop
+        self.admin = admin
+        self.pool = pool
+        self.poll_interval_s = poll_interval_s
+        self.idle_poll_interval_s = idle_poll_interval_s
+        self.stats_rate = stats_rate
+        self._wanted: dict[str, Followed] = {}
+        self._flush_posted = False
+        self._topics: dict[str, TopicSweep] = {}
+        self._round: collections.deque[TopicSweep] = collections.deque()
+        self._failing_since: float | None = None
+        self._last_failure_log = 0.0
+        self._count = count
+
+    # -- partitions (loop thread) -------------------------------------------------------------------
+
+    def add(self, partition: Followed) -> None:
+        sweep = self._topics.setdefault(partition.base_topic, TopicSweep(partition.base_topic, {}))
+        sweep.partitions[partition.partition] = partition
+
+    def remove(self, partition: Followed) -> None:
+        self.loop.cancel((partition.topic, "poll"))
+        self._wanted.pop(partition.topic, None)
+        sweep = self._topics.get(partition.base_topic)
+        if sweep is not None:
+            sweep.partitions.pop(partition.partition, None)
+            if not sweep.partitions:
+                del self._topics[partition.base_topic]
+
+    def owned(self, partition: Followed) -> None:
+        """The partition's engine owns it now: sweep its topic."""
+        sweep = self._topics.get(partition.base_topic)
+        if sweep is not None and not sweep.queued:
+            sweep.queued = True
+            self._round.append(sweep)
+            if self.loop.scheduled("sweep") is None:
+                self.loop.call_at(time.time(), "sweep", self._sweep)
+
+    def after(self, partition: Followed, marker_read: bool) -> None:
+        """After an event other than a poll: a marker read (re)arms the fast poll; it stops once nothing waits."""
+        state = partition.poll
+        if not partition.wants_cursors:
+            self._stop_fast(partition)
+        elif marker_read or (not state.fast_interval and not state.handed_over):
+            self._arm(partition, self.poll_interval_s)
+
+    def _after_poll(self, partition: Followed, moved: bool) -> None:
+        """After a poll: poll fast again while a marker waits, backing off while nothing moves."""
+        state = partition.poll
+        if not partition.wants_cursors:
+            self._stop_fast(partition)
+        elif moved or (not state.fast_interval and not state.handed_over):
+            self._arm(partition, self.poll_interval_s)
+        elif state.fast_interval:
+            interval = state.fast_interval * BACKOFF
+            if interval <= self.idle_poll_interval_s:
+                self._arm(partition, interval)
+            else:
+                state.fast_interval, state.handed_over = 0.0, True  # the sweep takes over
+
+    def _stop_fast(self, partition: Followed) -> None:
+        state = partition.poll
+        if state.fast_interval:
+            self.loop.cancel((partition.topic, "poll"))
+        state.fast_interval, state.handed_over = 0.0, False
+
+    def request(self, partition: Followed) -> None:
+        """Read the partition's cursors as soon as possible (batched with others of its topic)."""
+        state = partition.poll
+        if state.in_flight:
+            state.again = True
+            return
+        self._wanted[partition.topic] = partition
+        if not self._flush_posted:
+            self._flush_posted = True
+            self.loop.post(self._flush)
+
+    def _arm(self, partition: Followed, interval: float) -> None:
+        partition.poll.fast_interval, partition.poll.handed_over = interval, False
+        key = (partition.topic, "poll")
+        when = time.time() + interval
+        scheduled = self.loop.scheduled(key)
+        if scheduled is None or scheduled > when:
+            self.loop.call_at(when, key, lambda: self.request(partition))
+
+    # -- internal stats -----------------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        self._flush_posted = False
+        wanted, self._wanted = self._wanted, {}
+        by_topic: dict[str, list[Followed]] = collections.defaultdict(list)
+        for partition in wanted.values():
+            if partition.closed:
+                continue
+            partition.poll.in_flight = True
+            by_topic[partition.base_topic].append(partition)
+        for base_topic, partitions in by_topic.items():
+            if len(partitions) > 1:
+                self._submit(self._read_partitioned, base_topic, partitions)
+            else:
+                self._submit(self._read_one, base_topic, partitions)
+
+    def _submit(
+        self, read: Callable[[str, list[Followed]], dict[str, tuple[Mapping[str, Any], Mapping[str, Any] | None]]],
+        base_topic: str, partitions: list[Followed],
+    ) -> None:  # fmt: skip
+        def work() -> None:
+            try:
+                answers = read(base_topic, partitions)
+            except AdminError as exc:
+                failure = exc
+                self.loop.post(lambda: self._failed(partitions, failure))
+                return
+            self.loop.post(lambda: self._answered(partitions, answers))
+
+        self.pool.submit(work)
+
+    def _read_one(
+        self, _base: str, partitions: list[Followed]
+    ) -> dict[str, tuple[Mapping[str, Any], Mapping[str, Any] | None]]:
+        (partition,) = partitions
+        stats = None
+        if partition.poll.durable is None:
+            self._count("stats")
+            stats = self.admin.brief_stats(partition.topic)
+        self._count("internalStats")
+        return {partition.topic: (self.admin.fast_internal_stats(partition.topic), stats)}
+
+    def _read_partitioned(
+        self, base_topic: str, partitions: list[Followed]
+    ) -> dict[str, tuple[Mapping[str, Any], Mapping[str, Any] | None]]:
+        stats = None
+        if any(p.poll.durable is None for p in partitions):
+            self._count("partitioned-stats")
+            stats = self.admin.partitioned_brief_stats(base_topic)
+        self._count("partitioned-internalStats")
+        internal = self.admin.partitioned_internal_stats(base_topic)
+        return {
+            p.topic: (internal[p.topic], stats.get(p.topic) if stats is not None else None)
+            for p in partitions if p.topic in internal
+        }  # fmt: skip
+
+    def _answered(
+        self, partitions: list[Followed], answers: dict[str, tuple[Mapping[str, Any], Mapping[str, Any] | None]]
+    ) -> None:
+        self._recovered()
+        for partition in partitions:
+            state = partition.poll
+            state.in_flight = False
+            answer = answers.get(partition.topic)
+            if partition.closed:
+                continue
+            if answer is None:  # left out of a partitioned answer: ask again later
+                self._retry(partition)
+                continue
+            state.retry_s = 0.0
+            internal, stats = answer
+            if stats is not None:
+                self._detected(partition, detected(stats), poll=False)
+            if state.durable is None:
+                self._retry(partition)
+                continue
+            polled = cursors_polled(internal, state.durable)
+            moved = state.positions is not None and polled.subscriptions != state.positions
+            state.positions = polled.subscriptions
+            partition.cursors(polled)
+            self._after_poll(partition, moved)
+            if state.again:
+                state.again = False
+                self.request(partition)
+
+    def _failed(self, partitions: list[Followed], exc: AdminError) -> None:
+        self._failure(exc)
+        for partition in partitions:
+            partition.poll.in_flight = False
+            if isinstance(exc, TopicNotFound) or partition.closed:
+                continue  # deleted: discovery drops it
+            self._retry(partition)
+
+    def _retry(self, partition: Followed) -> None:
+        state = partition.poll
+        state.retry_s = min(max(state.retry_s * 2, 0.5), RETRY_MAX_S)
+        self.loop.call_at(time.time() + state.retry_s, (partition.topic, "poll"), lambda: self.request(partition))
+
+    # -- the sweep ----------------------------------------------------------------------------------
+
+    def _sweep(self) -> None:
+        """Sweep the next topic of the round-robin that is due; come back when the next one is."""
+        now = time.time()
+        while self._round:
+            sweep = self._round[0]
+            owned = [p for p in sweep.partitions.values() if p.owner and not p.closed]
+            if not owned or self._topics.get(sweep.base_topic) is not sweep:
+                self._round.popleft()
+                sweep.queued = False
+                continue
+            period = max(self.idle_poll_interval_s, len(self._round) / self.stats_rate)
+            if sweep.last + period > now:
+                self.loop.call_at(sweep.last + period, "sweep", self._sweep)
+                return
+            self._round.rotate(-1)
+            sweep.last = now
+            self._submit_sweep(sweep, owned)
+            self.loop.call_at(now + 1.0 / self.stats_rate, "sweep", self._sweep)
+            return
+
+    def _submit_sweep(self, sweep: TopicSweep, owned: list[Followed]) -> None:
+        partitioned = owned[0].partition >= 0
+
+        def work() -> None:
+            try:
+                if partitioned:
+                    self._count("partitioned-stats")
+                    answers = self.admin.partitioned_brief_stats(sweep.base_topic)
+                else:
+                    self._count("stats")
+                    answers = {owned[0].topic: self.admin.brief_stats(owned[0].topic)}
+            except AdminError as exc:
+                failure = exc
+                self.loop.post(lambda: self._failure(failure))
+                return
+            self.loop.post(lambda: self._swept(owned, answers))
+
+        self.pool.submit(work)
+
+    def _swept(self, owned: list[Followed], answers: Mapping[str, Mapping[str, Any]]) -> None:
+        self._recovered()
+        for partition in owned:
+            stats = answers.get(partition.topic)
+            if stats is not None and not partition.closed:
+                self._detected(partition, detected(stats), poll=True)
+
+    def _detected(self, partition: Followed, seen: Detected, *, poll: bool) -> None:
+        state = partition.poll
+        state.durable = seen.durable
+        if seen.active is not None and seen.active != partition.consumer_name and partition.owner:
+            partition.lost(seen.active)
+        elif poll and seen.fingerprint != state.fingerprint:
+            self.request(partition)
+        state.fingerprint = seen.fingerprint
+
+    # -- failures -----------------------------------------------------------------------------------
+
+    def _failure(self, exc: AdminError) -> None:
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = self._last_failure_log = now
+            log.warning("reading cursors failed: %s; retrying with a back-off up to %.0f s", exc, RETRY_MAX_S)
+        elif now - self._last_failure_log >= FAILURE_REPEAT_S:
+            self._last_failure_log = now
+            log.warning("reading cursors still failing after %.0f s: %s", now - self._failing_since, exc)
+        else:
+            log.debug("reading cursors failed: %s", exc)
+
+    def _recovered(self) -> None:
+        if self._failing_since is not None:
+            log.info("reading cursors again after %.0f s", time.monotonic() - self._failing_since)
+            self._failing_since = None

@@ -1,0 +1,120 @@
+"""The blocking reads a rebuild asks for (`ReadRange`, `ReadMarkerAt`), run on a worker thread.
+
+Each opens a reader of its own on the partition; the answers go back to the engine as events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+import pulsar
+
+from broker_ext.engine.recovery import BEFORE_EVERYTHING
+from broker_ext.engine.vocabulary import MarkerFetched, RangeRead, ReadMarkerAt, ReadRange
+from pulsar_access.admin import PulsarAdmin
+from watermark_core.protocol import MARKER_PROPERTY, MalformedMarker, Marker, Position, decode_marker, position_of
+
+log = logging.getLogger(__name__)
+
+FOLD_READ_LIMIT_S = 60.0
+"""How long a range read may keep waiting for entries the broker says exist."""
+
+
+def message_position(message: pulsar.Message) -> Position:
+    msg_id = message.message_id()
+    return position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+
+
+def decode(message: pulsar.Message, position: Position) -> Marker | None:
+    """The marker in a message; None for data. Raises `MalformedMarker`."""
+    properties = message.properties()
+    if MARKER_PROPERTY not in properties:
+        return None
+    return decode_marker(properties, message.data(), message.producer_name(), position, message.publish_timestamp())
+
+
+def _open(client: pulsar.Client, topic: str, start: Position, inclusive: bool) -> pulsar.Reader:
+    start_id = (
+        pulsar.MessageId.earliest if start == BEFORE_EVERYTHING
+        else pulsar.MessageId(-1, start[0], start[1], start[2])
+    )  # fmt: skip
+    return client.create_reader(topic, start_id, start_message_id_inclusive=inclusive)
+
+
+def read_range(client: pulsar.Client, admin: PulsarAdmin, topic: str, command: ReadRange) -> RangeRead:
+    """The markers in (start, stop] and the first entry the reader delivered.
+
+    The read ends at the first entry past `stop`, or where the broker says the partition ends. A
+    read that merely times out (a broker restarting) is not an end: a fold that stopped there would
+    miss markers. When the reader left the start's ledger at once, the partition's ledgers are read
+    after it (the engine refuses the fold if that ledger is gone).
+    """
+    start, stop = command.start, command.stop
+    try:
+        reader = _open(client, topic, start, inclusive=False)
+    except pulsar.PulsarException as exc:
+        return RangeRead(command.request, None, (), frozenset(), error=f"{type(exc).__name__}: {exc}")
+    deadline = time.monotonic() + FOLD_READ_LIMIT_S
+    first: Position | None = None
+    markers: list[Marker] = []
+    try:
+        while True:
+            try:
+                message = reader.read_next(timeout_millis=5_000)
+            except pulsar.Timeout:
+                if not reader.has_message_available():
+                    break  # the partition ends before `stop`
+                if time.monotonic() > deadline:
+                    return RangeRead(command.request, first, (), frozenset(), error=(
+                        f"reading {topic} from {start[:2]} to {stop[:2]} kept timing out for "
+                        f"{FOLD_READ_LIMIT_S:.0f} s although the broker has more"
+                    ))  # fmt: skip
+                continue
+            position = message_position(message)
+            if first is None:
+                first = position
+            if position <= start:
+                continue
+            if position > stop:
+                break
+            try:
+                marker = decode(message, position)
+            except MalformedMarker:
+                marker = None  # counted when the head read it
+            if marker is not None:
+                markers.append(marker)
+        ledgers: frozenset[int] = frozenset()
+        if first is not None and start != BEFORE_EVERYTHING and first[0] != start[0]:
+            ledgers = frozenset(int(info["ledgerId"]) for info in admin.internal_stats(topic).get("ledgers", []))
+        return RangeRead(command.request, first, tuple(markers), ledgers)
+    except Exception as exc:  # a broker away, an admin call failing: the engine retries later
+        return RangeRead(command.request, None, (), frozenset(), error=f"{type(exc).__name__}: {exc}")
+    finally:
+        with contextlib.suppress(pulsar.PulsarException):
+            reader.close()
+
+
+def read_marker_at(client: pulsar.Client, topic: str, command: ReadMarkerAt) -> MarkerFetched:
+    """The marker at one position (a link of the snapshot chain); None when it is not there (deleted)."""
+    position = command.position
+    try:
+        reader = _open(client, topic, position, inclusive=True)
+    except pulsar.PulsarException as exc:
+        return MarkerFetched(command.request, position, None, error=f"{type(exc).__name__}: {exc}")
+    try:
+        message = reader.read_next(timeout_millis=10_000)
+        if message_position(message) != position:
+            return MarkerFetched(command.request, position, None)
+        try:
+            return MarkerFetched(command.request, position, decode(message, position))
+        except MalformedMarker:
+            return MarkerFetched(command.request, position, None)
+    except pulsar.Timeout:
+        return MarkerFetched(command.request, position, None)
+    except Exception as exc:
+        return MarkerFetched(command.request, position, None, error=f"{type(exc).__name__}: {exc}")
+    finally:
+        with contextlib.suppress(pulsar.PulsarException):
+            reader.close()

@@ -1,0 +1,557 @@
+"""The per-partition engine without a broker: take-over, rebuilds, subscriptions, publishing (pure).
+
+Each case names the broker test or finding it mirrors. The partition is simulated by
+tests/unit/partition_world.py, which carries out the engine's commands against a log of its own.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_ext.engine import AwaitingCursor, EngineConfig, Following, PartitionEngine, TakingOver, Unowned
+from broker_ext.engine.recovery import BEFORE_EVERYTHING, ledger_start, normalized_cursor
+from broker_ext.engine.vocabulary import (
+    AcknowledgeUpTo,
+    BrokenAssertion,
+    CursorsPolled,
+    EntryRead,
+    MarkerFolded,
+    PollCursors,
+    PublishTable,
+    RangeRead,
+    ReadMarkerAt,
+    ReadRange,
+    SnapshotWritten,
+    SubscriptionRemoved,
+    Tick,
+    UnusableSnapshot,
+    WriteSnapshot,
+)
+from broker_ext.marker_log import MarkerLog
+from tests.unit.partition_world import TOPIC, World, ack, ack_all, before_entry
+from watermark_core.protocol import MARKER_PROPERTY, MarkerKind, decode_marker, encode_set, entry_end
+from watermark_core.state import WatermarkState
+
+pytestmark = pytest.mark.unit
+
+
+def of(world: World, kind: type) -> list:  # type: ignore[type-arg]
+    return [c for c in world.commands if isinstance(c, kind)]
+
+
+def following(engine: PartitionEngine) -> Following:
+    assert isinstance(engine.phase, Following), engine.phase
+    return engine.phase
+
+
+def first_owner(world: World) -> PartitionEngine:
+    """An engine that owns the partition and has read everything so far."""
+    engine = world.engine()
+    world.own(engine)
+    world.settle()
+    return engine
+
+
+# -- taking over --------------------------------------------------------------------------------------
+
+
+def test_the_first_entry_delivered_makes_the_engine_the_owner_and_it_asks_for_the_cursor() -> None:
+    world = World()
+    world.w_set("A", 100)
+    engine = world.engine()
+    world.hold = {PollCursors}
+    world.own(engine)
+    world.deliver()
+    assert isinstance(engine.phase, AwaitingCursor)
+    assert engine.owner and engine.wants_cursors
+    assert of(world, PollCursors) == [PollCursors()]
+    world.release(engine)
+    assert isinstance(engine.phase, Following)
+
+
+def test_no_snapshot_yet_folds_the_partition_before_the_first_entry_delivered() -> None:
+    """Mirrors test_generator's first test: a fresh topic, the first owner reads from its start."""
+    world = World()
+    world.w_set("B", 50)
+    world.w_set("A", 100)
+    engine = first_owner(world)
+    assert of(world, ReadRange)[0].start == BEFORE_EVERYTHING
+    assert following(engine).head.watermark == 50
+    ack_all(world, "fast")
+    world.settle()
+    assert world.latest("fast") is not None and world.latest("fast").event_time == 50  # type: ignore[union-attr]
+
+
+def test_a_new_owner_restores_from_the_snapshot_at_the_generators_cursor_without_reading_the_log() -> None:
+    """Mirrors test_kill_9_of_the_generator_mid_stream_then_restart ("restored from the snapshot")."""
+    world = World()
+    first = first_owner(world)
+    for i in range(10):
+        world.w_set("A", 100 + i)
+        world.data("A", 100 + i)
+    world.settle()
+    assert of(world, AcknowledgeUpTo), "the first owner moved its cursor to a snapshot"
+    cursor = world.generator_cursor
+    world.w_set("A", 500)
+    successor = world.engine()
+    world.commands.clear()
+    world.own(successor)
+    world.settle()
+    assert of(world, ReadRange) == [] and of(world, ReadMarkerAt) == []
+    assert world.generator_cursor >= cursor
+    head, truth = following(successor).head, world.truth(following(successor).log.head_position)
+    assert (head.watermark, head.producers, head.clock) == (truth.watermark, truth.producers, truth.clock)
+    assert head.watermark == 500
+    assert isinstance(first.phase, Unowned)
+
+
+def test_a_cursor_at_next_ledger_minus_one_folds_the_entries_of_the_ledger_before_it() -> None:
+    """Mirrors the fix in RELIABILITY ("(next ledger, -1)" after a broker restart): markers written just before
+    the restart were never delivered to the generator, its cursor now names the next ledger."""
+    world = World()
+    world.w_set("A", 100)
+    world.w_set("B", 300)
+    world.w_idle("A")  # never delivered to a generator
+    ledger = world.roll()
+    world.generator_cursor = (ledger, -1)
+    world.data("B", 400)
+    world.w_set("B", 600)
+    assert normalized_cursor((ledger, -1), [(10, 3), (ledger, 2)]) == (10, 2)
+    engine = first_owner(world)
+    assert following(engine).head.watermark == 600  # A idle: only B holds it
+    reads = of(world, ReadRange)
+    assert reads and reads[0].start == BEFORE_EVERYTHING and reads[0].stop == ledger_start(ledger)
+    starts = [w.state.position for w in of(world, WriteSnapshot) if not w.periodic]
+    assert ledger_start(ledger) in starts, "delivery started at a ledger's first entry: its start state is written"
+
+
+def test_with_no_snapshot_at_the_cursor_the_nearest_one_known_is_read_on_from_not_trusted_as_is() -> None:
+    """The old worker restored the newest delivered snapshot as it was ("no snapshot matches the cursor")
+    and missed the markers between its stated position and the cursor; the engine reads them."""
+    world = World()
+    world.w_set("A", 100)
+    world.w_set("B", 200)
+    at = world.w_set("A", 150)  # (10, 2)
+    world.w_idle("A")  # (10, 3): between the snapshot's position and the cursor
+    world.data("B", 210)  # (10, 4)
+    world.generator_cursor = (10, 4)
+    world.data("B", 220)  # (10, 5): delivery starts here
+    world.snapshot_record(world.truth(at).advanced_to(at), None, "__wm_generator-old")  # late, states (10, 2)
+    engine = first_owner(world)
+    read = of(world, ReadRange)[0]
+    assert (read.start, read.stop) == (at, entry_end(10, 4))
+    assert following(engine).head.watermark == 200  # A idle at (10, 3); 150 if that marker were missed
+
+
+def test_a_delivery_that_pauses_ends_the_search_for_a_snapshot() -> None:
+    world = World()
+    world.w_set("A", 100)
+    world.data("A", 100)
+    world.generator_cursor = (10, 0)
+    ledgers = tuple((lid, len(e)) for lid, e in world.ledgers.items())
+    engine = world.engine()
+    engine.handle(EntryRead((10, 1, -1), None, "A", 100), world.now)
+    engine.handle(CursorsPolled({}, (10, 0), (10, 5), ledgers), world.now)  # the tail is further on
+    assert isinstance(engine.phase, TakingOver)
+    assert engine.wakeup_at == pytest.approx(world.now + engine.config.takeover_idle_s)
+    commands = engine.handle(EntryRead((10, 2, -1), None, "A", 100), world.now + 0.1)
+    assert not any(isinstance(c, ReadRange) for c in commands)
+    world.now += 0.5
+    world.send(engine, Tick())
+    assert isinstance(engine.phase, Following)
+
+
+def test_ledger_start_snapshots_are_written_when_reading_enters_a_new_ledger() -> None:
+    """Mirrors PROTOCOL's ledger-start snapshots (seed 7007's fix)."""
+    world = World()
+    engine = first_owner(world)
+    world.w_set("A", 100)
+    world.settle()
+    ledger = world.roll()
+    world.data("A", 120)
+    world.commands.clear()
+    world.deliver()
+    start = [w for w in of(world, WriteSnapshot) if not w.periodic]
+    assert [w.state.position for w in start] == [ledger_start(ledger)]
+    assert start[0].state.watermark == 100
+    assert AcknowledgeUpTo(ledger_start(ledger)) not in world.commands, "it states an earlier position: no ack"
+    assert following(engine).log.head_position[0] == ledger
+
+
+def test_each_snapshot_names_the_one_written_before_it_and_one_is_written_at_a_time() -> None:
+    """Mirrors "each snapshot names the one written before it (from send's message id)"."""
+    world = World()
+    world.hold = {WriteSnapshot}
+    engine = first_owner(world)
+    world.w_set("A", 100)
+    world.roll()
+    world.data("A", 100)
+    world.roll()
+    world.data("A", 100)
+    world.deliver()
+    assert len(of(world, WriteSnapshot)) == 1, "one outstanding write at a time"
+    written = []
+    while world.held:
+        command = world.held.pop(0)
+        assert isinstance(command, WriteSnapshot)
+        assert command.previous == (written[-1] if written else None)
+        written.append(world.snapshot_record(command.state, command.previous, "__wm_generator-world"))
+        world.send(engine, SnapshotWritten(written[-1]))
+    assert len(written) == 3
+
+
+def test_a_periodic_snapshot_moves_the_cursor_only_once_it_is_written() -> None:
+    """DECISIONS: the generator's cursor moves only to the stated position of a snapshot it has written."""
+    world = World(config=EngineConfig(snapshot_interval_messages=3))
+    engine = first_owner(world)
+    world.hold = {WriteSnapshot}
+    for i in range(3):
+        world.w_set("A", i)
+    world.deliver()
+    assert of(world, AcknowledgeUpTo) == []
+    world.hold = set()
+    world.release(engine)
+    acks = of(world, AcknowledgeUpTo)
+    assert acks == [AcknowledgeUpTo((10, 2, -1))]
+
+
+# -- rebuilding from snapshots --------------------------------------------------------------------------
+
+
+def test_a_subscription_far_behind_is_rebuilt_from_the_nearest_snapshot_before_it() -> None:
+    """Mirrors test_a_subscription_created_at_earliest_on_a_topic_with_snapshots."""
+    world = World(config=EngineConfig(snapshot_interval_messages=5))
+    engine = first_owner(world)
+    positions = []
+    for i in range(30):
+        positions.append(world.w_set("E", 10_000 + i))
+        world.data("E", 10_000 + i)
+        world.settle()
+    assert following(engine).log.base_position > positions[10]
+    ack(world, "late", positions[10])
+    world.commands.clear()
+    world.settle()
+    read = of(world, ReadRange)[0]
+    assert BEFORE_EVERYTHING < read.start <= positions[10]
+    assert world.latest("late").event_time == 10_010  # type: ignore[union-attr]
+
+
+def test_the_chain_walk_reads_back_to_the_nearest_snapshot_before_the_target() -> None:
+    """A new owner knows only the snapshots delivered to it; older ones are found through `previous`."""
+    world = World(config=EngineConfig(snapshot_interval_messages=4))
+    first_owner(world)
+    positions = []
+    for i in range(24):
+        positions.append(world.w_set("A", i * 10))
+        world.settle()
+    successor = world.engine()
+    world.own(successor)
+    world.settle()
+    known = len(successor.catalog)
+    ack(world, "sub", positions[3])
+    world.commands.clear()
+    world.settle()
+    walked = of(world, ReadMarkerAt)
+    assert walked, f"the chain was walked back (the new owner knew {known} snapshots)"
+    read = of(world, ReadRange)[0]
+    assert BEFORE_EVERYTHING < read.start <= positions[3], "from the snapshot nearest before it, not the start"
+    assert world.latest("sub").event_time == 30  # type: ignore[union-attr]
+
+
+def test_a_rebuild_from_the_start_after_an_entry_read_before_is_refused() -> None:
+    """Mirrors test_restarts / seed 7007: Pulsar deleted the ledger the engine read first, and no snapshot
+    covers it (here: none was ever written); a fold from the start begins after it and is not used."""
+    world = World(config=EngineConfig(snapshot_interval_messages=2))
+    world.hold = {WriteSnapshot}  # snapshots never land
+    engine = first_owner(world)
+    world.w_set("p0", 1_000)
+    world.w_set("p3", 1_000)
+    world.w_idle("p3")
+    world.w_set("p3", 1_000)
+    first_ledger = world.ledger
+    world.roll()
+    world.w_set("p0", 5_000)
+    seek_to = world.data("p3", 2_000)
+    for _ in range(4):
+        world.data("p3", 2_000)
+    world.deliver()
+    world.delete_ledger(first_ledger)
+    ack(world, "sub", seek_to)
+    world.poll()
+    assert world.refused and "deleted" in world.refused[0].reason
+    assert world.latest("sub") is None, "nothing published: late, never premature"
+    assert engine.trackers["sub"].rebuilding
+    assert engine.wakeup_at is not None, "retried later"
+
+
+def test_a_rebuild_that_leaves_a_deleted_snapshot_ledger_at_once_is_refused() -> None:
+    """The nearest snapshot states a position in a ledger deleted since: a reader opened there begins in the
+    next ledger, and the markers after the snapshot in the deleted one are gone."""
+    world = World(config=EngineConfig(snapshot_interval_messages=4))
+    world.hold = {WriteSnapshot}  # no snapshot of ours lands (no ledger-start snapshot of the next ledger)
+    world.w_set("A", 100)
+    at = world.w_set("B", 300)
+    world.snapshot_record(world.truth(at).advanced_to(at), None, "__wm_generator-old")
+    world.w_idle("A")  # after the snapshot, in the ledger that goes
+    old = world.ledger
+    world.roll()
+    target = world.data("B", 310)
+    for i in range(6):
+        world.data("B", 320 + i)
+    engine = first_owner(world)
+    assert following(engine).log.base_position > target
+    world.delete_ledger(old)
+    ack(world, "sub", target)
+    world.commands.clear()
+    world.poll()
+    reads = of(world, ReadRange)
+    assert reads and reads[0].start == at
+    assert world.refused and f"ledger {old} was deleted" in world.refused[-1].reason
+    assert world.latest("sub") is None
+
+
+def test_a_rebuilt_state_with_a_watermark_above_the_heads_is_refused() -> None:
+    """Mirrors seed 7007 in a generator that never read the deleted ledger: its chain ends in it, the fold
+    from the partition's start misses p3's markers and says 5000 where the log says 1000."""
+    world = World()
+    world.w_set("p0", 1_000)
+    world.w_set("p3", 1_000)
+    world.w_idle("p3")
+    gone = world.w_set("p3", 1_000)
+    old = world.ledger
+    world.roll()
+    world.w_set("p0", 5_000)
+    target = world.data("p3", 2_000)
+    at = world.data("p3", 2_000)
+    world.snapshot_record(world.truth(at).advanced_to(at), gone, "__wm_generator-old")
+    world.generator_cursor = at[:2]
+    world.delete_ledger(old)
+    engine = first_owner(world)
+    assert following(engine).head.watermark == 1_000
+    ack(world, "sub", target)
+    world.poll()
+    assert of(world, ReadMarkerAt)[0].position == gone
+    assert world.refused and "above the watermark 1000" in world.refused[0].reason
+    assert world.latest("sub") is None
+
+
+# -- subscriptions --------------------------------------------------------------------------------------
+
+
+def test_a_subscription_that_moves_back_is_recomputed_and_forward_again() -> None:
+    """Mirrors test_seek_back_recomputes_the_watermark_and_seek_forward_restores_it."""
+    world = World()
+    first_owner(world)
+    ids = {}
+    for base in (100, 200, 300):
+        world.w_set("K", base)
+        ids[base] = world.data("K", base + 50)
+    ack_all(world, "seeker")
+    world.settle()
+    assert world.latest("seeker").event_time == 300  # type: ignore[union-attr]
+    world.subscriptions["seeker"] = before_entry(ids[200])
+    world.settle()
+    assert world.latest("seeker").event_time == 200  # type: ignore[union-attr]
+    world.subscriptions["seeker"] = before_entry(ids[100])
+    world.settle()
+    assert world.latest("seeker").event_time == 100  # type: ignore[union-attr]
+    ack_all(world, "seeker")
+    world.settle()
+    assert world.latest("seeker").event_time == 300  # type: ignore[union-attr]
+
+
+def test_a_seek_to_the_same_watermark_is_published_again() -> None:
+    """The chaos suite waits for a value at or before the new position: an unchanged one is published too."""
+    world = World()
+    first_owner(world)
+    world.w_set("K", 100)
+    back = world.data("K", 110)
+    world.data("K", 120)
+    ack_all(world, "sub")
+    world.settle()
+    published = len(world.tables)
+    world.subscriptions["sub"] = back[:2]
+    world.settle()
+    assert len(world.tables) == published + 1
+    assert world.latest("sub").position == back[:2] and world.latest("sub").event_time == 100  # type: ignore[union-attr]
+
+
+def test_a_new_subscription_is_followed_and_a_removed_one_forgotten() -> None:
+    world = World()
+    engine = first_owner(world)
+    world.w_set("A", 100)
+    ack_all(world, "one")
+    world.settle()
+    world.subscriptions["two"] = (10, -1)
+    world.w_set("A", 200)
+    ack_all(world, "two")
+    world.settle()
+    assert {e.subscription for _, e in world.tables if e.event_time == 200} == {"two"}
+    del world.subscriptions["one"]
+    world.poll()
+    assert of(world, SubscriptionRemoved) == [SubscriptionRemoved("one")]
+    assert set(engine.trackers) == {"two"}
+    world.w_set("A", 300)
+    ack_all(world, "two")
+    world.settle()
+    assert world.latest_table_holds("one") is None
+
+
+def test_ownership_lost_drops_the_state_and_publishes_nothing_more() -> None:
+    world = World()
+    engine = first_owner(world)
+    world.w_set("A", 100)
+    ack_all(world, "sub")
+    world.settle()
+    other = world.engine()
+    world.own(other)
+    assert isinstance(engine.phase, Unowned) and engine.trackers == {} and engine.wakeup_at is None
+    published = len(world.tables)
+    world.send(engine, world.polled())
+    assert len(world.tables) == published
+
+
+def test_no_table_before_a_new_owners_tracker_reached_the_mark_delete_position() -> None:
+    """Mirrors the chaos finding "a new generator owner published a watermark short of the subscription's
+    position": the previous owner published 300; the successor has read up to 200 so far."""
+    world = World(config=EngineConfig(snapshot_interval_messages=2))
+    first_owner(world)
+    world.w_set("A", 100)
+    world.settle()
+    world.w_set("A", 200)
+    world.w_set("A", 300)
+    ack_all(world, "sub")
+    successor = world.engine()
+    world.own(successor)
+    world.deliver(2)
+    world.tick(1)
+    world.poll()
+    assert successor.trackers["sub"].state.watermark in (100, 200)
+    assert world.latest("sub") is None
+    world.settle()
+    assert world.latest("sub").event_time == 300  # type: ignore[union-attr]
+
+
+# -- the counterexamples of issue #17 --------------------------------------------------------------------
+
+
+def test_a_seek_to_before_the_first_w_set_publishes_no_watermark_for_the_subscription() -> None:
+    """Issue #17 (1): the old worker never published a None watermark, so consumers kept 5000 after a seek
+    to before every W_SET: premature for every message redelivered."""
+    world = World()
+    first_owner(world)
+    world.data("A", 900)
+    world.w_set("A", 1_000)
+    world.w_set("A", 5_000)
+    ack_all(world, "sub")
+    world.settle()
+    assert world.latest("sub").event_time == 5_000  # type: ignore[union-attr]
+    world.subscriptions["sub"] = (10, -1)
+    world.settle()
+    latest = world.latest_table_holds("sub")
+    assert latest is not None and latest.event_time is None and latest.position == (10, -1)
+
+
+def test_a_subscription_recreated_under_the_same_name_gets_no_watermark_where_it_has_none() -> None:
+    world = World()
+    first_owner(world)
+    world.w_set("A", 1_000)
+    world.w_set("A", 5_000)
+    ack_all(world, "sub")
+    world.settle()
+    del world.subscriptions["sub"]
+    world.poll()
+    world.subscriptions["sub"] = (10, -1)  # re-created at the earliest position
+    world.settle()
+    latest = world.latest_table_holds("sub")
+    assert latest is not None and latest.event_time is None
+
+
+def test_no_watermark_is_published_where_the_partition_never_had_one() -> None:
+    """A topic without watermark producers gets no companion topic traffic."""
+    world = World()
+    first_owner(world)
+    world.data("X", 1)
+    ack_all(world, "sub")
+    world.settle()
+    assert world.tables == []
+
+
+def test_a_redelivery_during_a_take_over_is_ignored_not_buffered_twice() -> None:
+    """Issue #17 (2): the old worker buffered the duplicate; replaying it raised in MarkerLog.append and every
+    buffered entry after it was lost: A stayed idle, and the watermark 5000 was premature for A's data at 200+."""
+    world = World()
+    world.w_set("A", 100)
+    idle = world.w_idle("A")
+    world.hold = {PollCursors}
+    engine = world.engine()
+    world.own(engine)
+    world.deliver()
+    world.redeliver(1)  # the consumer reconnects: A's W_IDLE comes again
+    world.w_set("A", 200)
+    world.w_set("B", 5_000)
+    world.deliver()
+    world.hold = set()
+    world.release(engine)
+    world.settle()
+    assert following(engine).head.watermark == 200
+    assert following(engine).head.producers["A"].idle is False
+    with pytest.raises(ValueError):  # what the old replay ran into
+        log = MarkerLog(WatermarkState.initial(), (10, -1, -1))
+        marker = decode_marker({MARKER_PROPERTY: "W_IDLE"}, b"\x81\xa1v\x01", "A", idle, 1)
+        assert marker is not None
+        log.append(marker)
+        log.append(marker)
+
+
+# -- what the engine reports ------------------------------------------------------------------------------
+
+
+def test_the_head_watermark_is_told_whenever_it_changes() -> None:
+    world = World()
+    first_owner(world)
+    a = world.w_set("A", 100)
+    world.w_set("A", 100)
+    b = world.w_set("A", 150)
+    world.settle()
+    assert [(h.position, h.watermark) for h in world.head_watermarks] == [(a, 100), (b, 150)]
+
+
+def test_broken_assertions_and_unusable_snapshots_are_reported_and_skipped() -> None:
+    world = World()
+    first_owner(world)
+    world.w_set("A", 100)
+    late = world.data("A", 50)
+    world.data("A", 150)
+    position = world._append(marker=(MarkerKind.W_SNAPSHOT, "__wm_generator-x", encode_set(1)))
+    world.settle()
+    assert of(world, BrokenAssertion) == [BrokenAssertion("A", 50, late)]
+    assert of(world, UnusableSnapshot) == [UnusableSnapshot(position, "bad-snapshot")]
+    assert MarkerFolded(position) in world.commands
+
+
+def test_a_partitions_table_names_its_base_topic_and_index() -> None:
+    world = World()
+    engine = PartitionEngine(f"{TOPIC}-partition-3", world.config)
+    world.own(engine)
+    world.w_set("A", 100)
+    ack_all(world, "sub")
+    world.settle()
+    event = world.latest("sub")
+    assert event is not None and (event.topic, event.partition) == (TOPIC, 3)
+    tables = of(world, PublishTable)
+    assert tables[-1].changed == ("sub",)
+
+
+def test_results_of_an_abandoned_rebuild_are_ignored() -> None:
+    world = World()
+    world.w_set("A", 100)
+    engine = world.engine()
+    world.hold = {ReadRange}
+    world.own(engine)
+    world.deliver()
+    request = world.held[0]
+    assert isinstance(request, ReadRange)
+    world.own(world.engine())
+    commands = engine.handle(RangeRead(request.request, None, (), frozenset()), world.now)
+    assert commands == [] and isinstance(engine.phase, Unowned)

@@ -1,0 +1,188 @@
+"""Properties of the partition engine over random runs (hypothesis), on the simulated partition.
+
+A run is a script of what happens to a partition: producers write markers and data, ledgers roll
+over, the owner is delivered entries (some twice), subscriptions acknowledge, seek back, go away
+and come back, the cursors are polled, time passes, and other instances take the partition over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker_ext.engine import EngineConfig, Following
+from tests.unit.partition_world import World
+from watermark_core.protocol import Position, entry_end
+
+pytestmark = pytest.mark.unit
+
+RELAXED = settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+
+PRODUCERS = ("p1", "p2", "p3")
+SUBSCRIPTIONS = ("s1", "s2")
+
+Step = tuple[str, ...] | tuple[str, int] | tuple[str, str, int] | tuple[str, str, float]
+
+steps = st.one_of(
+    st.tuples(st.just("set"), st.sampled_from(PRODUCERS), st.integers(0, 1_000)),
+    st.tuples(st.just("set"), st.sampled_from(PRODUCERS), st.integers(0, 1_000)),
+    st.tuples(st.just("deliver"), st.integers(1, 20)),
+    st.tuples(st.just("ack"), st.sampled_from(SUBSCRIPTIONS), st.floats(0.5, 1)),
+    st.tuples(st.just("poll")),
+    st.tuples(st.just("idle"), st.sampled_from(PRODUCERS)),
+    st.tuples(st.just("data"), st.sampled_from(PRODUCERS), st.integers(0, 1_000)),
+    st.tuples(st.just("roll")),
+    st.tuples(st.just("deliver"), st.integers(1, 6)),
+    st.tuples(st.just("redeliver"), st.integers(1, 3)),
+    st.tuples(st.just("ack"), st.sampled_from(SUBSCRIPTIONS), st.floats(0, 1)),
+    st.tuples(st.just("seek"), st.sampled_from(SUBSCRIPTIONS), st.floats(0, 1)),
+    st.tuples(st.just("drop"), st.sampled_from(SUBSCRIPTIONS)),
+    st.tuples(st.just("poll")),
+    st.tuples(st.just("tick"), st.sampled_from((0.1, 0.5, 3.0, 11.0))),
+    st.tuples(st.just("takeover")),
+    st.tuples(st.just("seek"), st.sampled_from(SUBSCRIPTIONS), st.floats(0, 0.3)),
+)
+
+
+@dataclass
+class Run:
+    """One scripted run: its world and the positions of the entries the script wrote (snapshots aside)."""
+
+    world: World
+    written: list[Position]
+
+    def position(self, fraction: float) -> tuple[int, int]:
+        """A mark-delete position among what was written: the fraction of the way through, or before it all."""
+        if not self.written:
+            return (min(self.world.ledgers), -1)
+        index = int(fraction * len(self.written)) - 1
+        if index < 0:
+            first = self.written[0]
+            return (first[0], first[1] - 1)
+        return self.written[index][:2]
+
+
+def play(script: list[Step], takeovers: frozenset[int] = frozenset(), interval: int = 3) -> Run:
+    world = World(config=EngineConfig(snapshot_interval_messages=interval, snapshot_interval_s=5.0))
+    run = Run(world, [])
+    world.own(world.engine())
+    for index, step in enumerate(script):
+        if index in takeovers:
+            world.own(world.engine())
+        kind = step[0]
+        if kind == "set":
+            run.written.append(world.w_set(str(step[1]), int(step[2])))
+        elif kind == "idle":
+            run.written.append(world.w_idle(str(step[1])))
+        elif kind == "data":
+            run.written.append(world.data(str(step[1]), int(step[2])))
+        elif kind == "roll":
+            world.roll()
+        elif kind == "deliver":
+            world.deliver(int(step[1]))
+        elif kind == "redeliver":
+            world.redeliver(int(step[1]))
+            world.deliver(int(step[1]))
+        elif kind == "ack":
+            name, wanted = str(step[1]), run.position(float(step[2]))
+            world.subscriptions[name] = max(world.subscriptions.get(name, wanted), wanted)
+        elif kind == "seek":
+            world.subscriptions[str(step[1])] = run.position(float(step[2]))
+        elif kind == "drop":
+            world.subscriptions.pop(str(step[1]), None)
+        elif kind == "poll":
+            world.poll()
+        elif kind == "tick":
+            world.tick(float(step[1]))
+        elif kind == "takeover":
+            world.own(world.engine())
+    return run
+
+
+def check_every_value_published(world: World) -> None:
+    """Every published watermark is the fold of the log up to the position it is published at."""
+    for _, event in world.tables:
+        assert event.event_time == world.watermark_at(event.position), event
+    for told in world.head_watermarks:
+        assert told.watermark == world.truth(told.position).watermark, told
+
+
+def final_values(run: Run) -> dict[str, int | None]:
+    """Once everything is delivered and polled: each subscription's latest published watermark."""
+    run.world.settle()
+    return {
+        name: (event.event_time if (event := run.world.latest(name)) is not None else None)
+        for name in sorted(run.world.subscriptions)
+    }
+
+
+@RELAXED
+@given(st.lists(steps, max_size=60))
+def test_a_published_watermark_is_the_fold_of_the_log_up_to_its_position(script: list[Step]) -> None:
+    run = play(script)
+    check_every_value_published(run.world)
+    finals = final_values(run)
+    check_every_value_published(run.world)
+    for name, value in finals.items():
+        truth = run.world.watermark_at(run.world.subscriptions[name])
+        assert value == truth, (name, run.world.subscriptions[name])
+
+
+@RELAXED
+@given(st.lists(steps, max_size=60), st.frozensets(st.integers(0, 40), max_size=3), st.integers(2, 6))
+def test_taking_over_at_any_point_then_continuing_equals_an_uninterrupted_run(
+    script: list[Step], takeovers: frozenset[int], interval: int
+) -> None:
+    uninterrupted = play(script, interval=interval)
+    taken_over = play(script, takeovers, interval=interval)
+    check_every_value_published(taken_over.world)
+    assert final_values(taken_over) == final_values(uninterrupted)
+    check_every_value_published(taken_over.world)
+    heads = [run.world.delivery.engine.phase for run in (uninterrupted, taken_over) if run.world.delivery]
+    states = [p.head for p in heads if isinstance(p, Following)]
+    if len(states) == 2:
+        assert (states[0].watermark, states[0].producers) == (states[1].watermark, states[1].producers)
+
+
+@RELAXED
+@given(st.lists(steps, max_size=40))
+def test_an_engine_asks_for_a_tick_only_while_it_has_something_to_do(script: list[Step]) -> None:
+    run = play(script)
+    run.world.settle()
+    engine = run.world.delivery.engine if run.world.delivery else None
+    assert engine is not None
+    if isinstance(engine.phase, Following):
+        assert engine.phase.messages_since_snapshot == 0 or engine.wakeup_at is not None
+        for tracker in engine.trackers.values():
+            assert not tracker.rebuilding
+            assert tracker.applied_to <= entry_end(*run.world.subscriptions[tracker.name])
+
+
+@RELAXED
+@given(
+    st.lists(st.tuples(st.sampled_from(("set", "idle", "data", "roll")), st.sampled_from(PRODUCERS),
+                       st.integers(0, 1_000)), min_size=5, max_size=60),
+    st.lists(st.floats(0, 1), min_size=1, max_size=4),
+    st.integers(2, 5),
+)  # fmt: skip
+def test_a_new_owner_rebuilds_the_state_at_any_earlier_position_through_the_snapshot_chain(
+    writes: list[tuple[str, str, int]], seeks: list[float], interval: int
+) -> None:
+    """A new owner knows only the snapshots delivered after the cursor: earlier ones it finds by the chain."""
+    script: list[Step] = []
+    for kind, producer, value in writes:  # read as written, so the snapshots land in between
+        script += [(kind, producer, value) if kind != "roll" else ("roll",), ("deliver", 10)]
+    run = play([*script, ("tick", 11.0), ("deliver", 1_000)], interval=interval)
+    run.world.settle()
+    run.world.own(run.world.engine())
+    run.world.settle()
+    for fraction in seeks:
+        run.world.subscriptions["s1"] = run.position(fraction)
+        run.world.settle()
+        event = run.world.latest("s1")
+        truth = run.world.watermark_at(run.world.subscriptions["s1"])
+        assert (event.event_time if event else None) == truth
+    check_every_value_published(run.world)
