@@ -575,7 +575,8 @@ def test_broker_ext_serve_without_namespace_or_topic_follows_public_default(
 
         def generator_consumers() -> set[str]:
             stats = admin.topic_stats(topic)["subscriptions"].get(GENERATOR_SUBSCRIPTION, {})
-            return {str(c.get("consumerName")) for c in stats.get("consumers", [])}
+            # a generator's consumer name is "<per-topic prefix>.<instance id>" (broker_ext/ownership.py)
+            return {str(c.get("consumerName")).rsplit(".", 1)[-1] for c in stats.get("consumers", [])}
 
         wait_until(lambda: instance in generator_consumers(), timeout_s=30, what=f"generator {instance} on {topic}")
         assert "following namespaces ['public/default']" in gen.log_text()

@@ -49,8 +49,9 @@ def test_a_seek_after_deleted_ledgers_recomputes_the_watermark_with_their_marker
     oracle = TopicOracle(client, admin, topic, generator.watermark_config, require_retention=False)
     try:
         consumer = client.subscribe(topic, "sub", initial_position=pulsar.InitialPosition.Earliest)
-        p0 = WatermarkProducer(client, topic, producer_name="p0", send_timeout_millis=0)
-        p3 = WatermarkProducer(client, topic, producer_name="p3", send_timeout_millis=0)
+        # no keepalive: the markers counted below are exactly the test's (the broker restart takes ~20 s)
+        p0 = WatermarkProducer(client, topic, producer_name="p0", send_timeout_millis=0, keepalive_interval_ms=None)
+        p3 = WatermarkProducer(client, topic, producer_name="p3", send_timeout_millis=0, keepalive_interval_ms=None)
         # First ledger: p3 joins at 1000, goes idle and comes back at 1000; p0 asserts 1000.
         p0.new_watermark().event_time(1_000).send()
         p3.new_watermark().event_time(1_000).send()
