@@ -1,8 +1,9 @@
 """Publishes `SendWatermark` events to each topic's companion topic, through Pulsar itself.
 
-Consumers read `<topic>__watermarks` with a compacted reader; the generator triggers compaction
-now and then so that a consumer that attaches finds the latest event of its subscription at once
-without reading the whole history.
+Companion topics live in the watermark namespace (`pulsar_access.topics.watermark_topic_for`),
+where only the generator's role may produce. Consumers read them with a compacted reader; the
+generator triggers compaction now and then so that a consumer that attaches finds the latest event
+of its subscription at once without reading the whole history.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 import pulsar
 
 from pulsar_access.admin import AdminError, PulsarAdmin
-from pulsar_access.topics import watermark_topic_for
+from pulsar_access.topics import watermark_namespace, watermark_topic_for
 from watermark_core.protocol import EVENT_PROPERTY, SEND_WATERMARK, WatermarkEvent, encode_table, table_key
 
 log = logging.getLogger(__name__)
@@ -27,16 +28,46 @@ COMPACT_EVERY_S = 60.0
 class WatermarkDispatcher:
     """One producer per companion topic, shared by every partition worker of that topic."""
 
-    def __init__(self, client: pulsar.Client, admin: PulsarAdmin, instance_id: str) -> None:
+    def __init__(
+        self, client: pulsar.Client, admin: PulsarAdmin, instance_id: str, namespace: str | None = None
+    ) -> None:
         self._client = client
         self._admin = admin
         self._instance_id = instance_id
+        self._namespace = watermark_namespace(namespace)
+        self._namespace_checked = False
         self._producers: dict[str, pulsar.Producer] = {}
         self._since_compaction: dict[str, tuple[int, float]] = {}
         self._compaction_refused = False
         self._lock = threading.Lock()
 
+    def _ensure_namespace(self) -> None:
+        """Create the watermark namespace where the broker lets us (a cluster without authorization).
+
+        With authorization only an admin may create it (`make cluster-up` does, and grants produce
+        there to the generator's role alone; docs/SECURITY.md): then say once, with the fix, if it
+        is missing or not ours to write.
+        """
+        if self._namespace_checked:
+            return
+        try:
+            self._admin.create_namespace(self._namespace)
+        except AdminError as exc:
+            if exc.status not in (401, 403):
+                raise  # the broker is away: retried with the next table
+            try:
+                self._admin.list_topics(self._namespace)
+            except AdminError as missing:
+                log.error(
+                    "the watermark namespace %s is missing or not open to this generator's role (%s); as an admin, "
+                    "create it and grant the generator produce,consume and the applications consume there "
+                    "(docs/SECURITY.md), or set --watermark-namespace / WM_WATERMARK_NAMESPACE", self._namespace,
+                    missing,
+                )
+        self._namespace_checked = True
+
     def _producer(self, companion: str) -> pulsar.Producer:
+        self._ensure_namespace()
         with self._lock:
             producer = self._producers.get(companion)
             if producer is None:
@@ -50,7 +81,7 @@ class WatermarkDispatcher:
 
     def publish(self, table: list[WatermarkEvent]) -> None:
         """Send a partition's table (every subscription's watermark) and wait until it is durable."""
-        companion = watermark_topic_for(table[0].topic)
+        companion = watermark_topic_for(table[0].topic, self._namespace)
         self._producer(companion).send(
             encode_table(table),
             partition_key=table_key(table[0].partition),
@@ -71,7 +102,7 @@ class WatermarkDispatcher:
                 if exc.status in (401, 403):  # not this role's right (tenant admin): say so once, then stop asking
                     self._compaction_refused = True
                     log.warning(
-                        "compaction of the __watermarks topics is not triggered: %s. Watermarks still flow; a "
+                        "compaction of the watermark tables is not triggered: %s. Watermarks still flow; a "
                         "consumer that attaches reads the companion topic's whole history (see docs/SECURITY.md)",
                         exc,
                     )
@@ -79,7 +110,7 @@ class WatermarkDispatcher:
                     log.warning("compaction of %s not triggered: %s", companion, exc)
 
     def forget(self, topic: str) -> None:
-        companion = watermark_topic_for(topic)
+        companion = watermark_topic_for(topic, self._namespace)
         with self._lock:
             producer = self._producers.pop(companion, None)
             self._since_compaction.pop(companion, None)

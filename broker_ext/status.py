@@ -1,7 +1,8 @@
 """`broker-ext status TOPIC`: the subscriptions of a topic, their positions and watermarks.
 
-It reads what the generator published (the compacted `<topic>__watermarks`) and the cursors'
-positions from the admin API, so it works whichever generator instance owns each partition.
+It reads what the generator published (the topic's compacted companion topic in the watermark
+namespace, `watermark_topic_for`) and the cursors' positions from the admin API, so it works
+whichever generator instance owns each partition.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import pulsar
 from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound, durable_subscriptions
 from pulsar_access.errors import explained
 from pulsar_access.settings import PulsarSettings
-from pulsar_access.topics import full_name, partition_name, watermark_topic_for
+from pulsar_access.topics import base_topic_and_partition, full_name, partition_name, watermark_topic_for
 from watermark_core.protocol import MalformedMarker, WatermarkEvent, decode_table
 
 
 def latest_events(client: pulsar.Client, topic: str, timeout_s: float = 10.0) -> dict[tuple[int, str], WatermarkEvent]:
-    """The latest event per (partition, subscription) published for `topic`."""
+    """The latest event per (partition, subscription) published for `topic`; events naming another topic are ignored."""
+    base = base_topic_and_partition(topic)[0]
     reader = client.create_reader(watermark_topic_for(topic), pulsar.MessageId.earliest, is_read_compacted=True)
     latest: dict[tuple[int, str], WatermarkEvent] = {}
     deadline = time.monotonic() + timeout_s
@@ -29,7 +31,8 @@ def latest_events(client: pulsar.Client, topic: str, timeout_s: float = 10.0) ->
             except (pulsar.Timeout, MalformedMarker):
                 continue
             for event in table:
-                latest[(event.partition, event.subscription)] = event
+                if event.topic == base:
+                    latest[(event.partition, event.subscription)] = event
     finally:
         reader.close()
     return latest
