@@ -432,7 +432,9 @@ class PartitionWorker:
         if not is_generator_snapshot(marker):
             return None
         try:
-            return decode_snapshot(marker, self.config.watermark_config)
+            return decode_snapshot(
+                marker, self.config.watermark_config, keys=self.config.snapshot_keys, topic=self.topic
+            )
         except MalformedMarker as exc:  # e.g. written by an incompatible version: never fatal, just not used
             self.ctx.metrics.malformed_markers.labels(self.base_topic, str(self.partition), exc.reason).inc()
             if exc.reason not in self._malformed_logged:
@@ -474,7 +476,8 @@ class PartitionWorker:
         previous = max([s.message for s in self.snapshots] + ([self._last_written] if self._last_written else []),
                        default=None)  # fmt: skip
         message_id = self._snapshot_producer_for().send(
-            encode_snapshot(state, previous), properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value}
+            encode_snapshot(state, previous, keys=self.config.snapshot_keys, topic=self.topic),
+            properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value},
         )
         self._last_written = position_of(message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
         self.ctx.metrics.snapshots_written.labels(self.base_topic, str(self.partition)).inc()

@@ -9,7 +9,7 @@ import time
 
 import pulsar
 
-from broker_ext.config import GeneratorConfig
+from broker_ext.config import GeneratorConfig, warn_about_snapshot_key
 from broker_ext.dispatch import WatermarkDispatcher
 from broker_ext.metrics import GeneratorMetrics
 from broker_ext.partition_worker import Context, PartitionWorker
@@ -23,10 +23,14 @@ FAILURE_REPEAT_S = 60.0
 """While the broker stays away, repeat its warning this often (not at every retry)."""
 
 
-def is_followable(topic: str) -> bool:
+def is_followable(topic: str, watermark_namespace: str | None = None) -> bool:
     """Data topics only: not our companion topics, not Pulsar's system topics."""
     local = TopicName.parse(topic).local
-    return topic.startswith("persistent://") and not is_watermark_topic(topic) and not local.startswith("__")
+    return (
+        topic.startswith("persistent://")
+        and not is_watermark_topic(topic, watermark_namespace)
+        and not local.startswith("__")
+    )
 
 
 class GeneratorService:
@@ -38,7 +42,7 @@ class GeneratorService:
         self.client = self.settings.client(operation_timeout_seconds=10)
         self.admin = PulsarAdmin(self.settings)
         self.metrics = GeneratorMetrics()
-        self.dispatcher = WatermarkDispatcher(self.client, self.admin, config.instance_id)
+        self.dispatcher = WatermarkDispatcher(self.client, self.admin, config.instance_id, config.watermark_namespace)
         self.ctx = Context(self.client, self.admin, config, self.dispatcher, self.metrics)
         self.workers: dict[str, PartitionWorker] = {}
         self._stop = threading.Event()
@@ -65,7 +69,7 @@ class GeneratorService:
                 continue
             self._missing_topics.discard(name)
             found.update(partition_names(name, partitions))
-        return {t for t in found if is_followable(t)}
+        return {t for t in found if is_followable(t, self.config.watermark_namespace)}
 
     def sync_workers(self) -> None:
         """Start workers for new partitions, stop those of deleted ones."""
@@ -103,9 +107,11 @@ class GeneratorService:
         the recovery is logged when the broker answers again.
         """
         self.start_metrics()
-        log.info("watermark generator %s following namespaces %s and topics %s on %s (admin %s)",
-                 self.config.instance_id, list(self.config.namespaces), list(self.config.topics),
-                 self.settings.service_url, self.settings.admin_url)  # fmt: skip
+        log.info("watermark generator %s following namespaces %s and topics %s on %s (admin %s), publishing "
+                 "watermarks in namespace %s, snapshots signed with %s", self.config.instance_id,
+                 list(self.config.namespaces), list(self.config.topics), self.settings.service_url,
+                 self.settings.admin_url, self.config.watermark_namespace, self.config.snapshot_keys)  # fmt: skip
+        warn_about_snapshot_key(self.config)
         while not self._stop.is_set():
             try:
                 self.sync_workers()
