@@ -449,6 +449,17 @@ class LocalCluster:
             )
         say(f"watermark generator started (pid {proc.pid}), log {self.state_dir}/generator.log")
 
+    def kill_broker(self) -> None:
+        """`kill -9` the broker by its recorded process id: a crash, no shutdown; `up()` starts it on the same data."""
+        pid = self.running_pid("pulsar")
+        self._pid_file("pulsar").unlink(missing_ok=True)
+        if pid is None:
+            return
+        _signal_group(pid, signal.SIGKILL)
+        while _pid_alive(pid):
+            time.sleep(0.1)
+        say(f"killed Pulsar (pid {pid}) with SIGKILL")
+
     def stop_generator(self) -> None:
         self._stop("generator", grace_s=10)
 

@@ -31,6 +31,7 @@ from tests.chaos.checker import Delivery, InstanceLog, Violation, WatermarkSeen,
 from tests.chaos.plan import Fault, FaultKind, ProducerPlan, ScenarioPlan
 from tests.integration.generator_process import GeneratorProcess
 from tests.integration.helpers import watermark_table_reader
+from tests.loopback_proxy import GeneratorLink
 from watermark_core.protocol import decode_table
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,10 @@ class Cluster:
     log_dir: Path
     restart_broker: Callable[[], None] | None = None
     broker_lock: threading.Lock = field(default_factory=threading.Lock)
+    kill_broker: Callable[[], None] | None = None
+    """`kill -9` of the broker and a start on the same data; None where we cannot."""
+    generator_link: GeneratorLink | None = None
+    """The generators' route to the broker through proxies a cut stalls; None: they connect directly."""
 
     def new_client(self) -> pulsar.Client:
         """A client of its own, as a separate consumer process would have."""
@@ -140,9 +145,11 @@ class Scenario:
         self.plan = plan
         self.rng = random.Random(plan.seed * 7919 + 1)
         self.topic = f"persistent://{namespace}/chaos-{plan.seed}-{uuid.uuid4().hex[:6]}"
+        link = cluster.generator_link
         self.generator = GeneratorProcess(
-            cluster.settings, cluster.log_dir / f"generator-{plan.seed}.log", f"chaos-{plan.seed}",
-            log_level="DEBUG", WM_TOPICS=self.topic, WM_NAMESPACES="",
+            link.settings if link else cluster.settings, cluster.log_dir / f"generator-{plan.seed}.log",
+            f"chaos-{plan.seed}", log_level="DEBUG", WM_TOPICS=self.topic, WM_NAMESPACES="",
+            **(link.environment if link else {}),
         )  # fmt: skip
         self.logs: list[InstanceLog] = []
         self.live: dict[tuple[int, int], Instance] = {}
@@ -284,7 +291,39 @@ class Scenario:
                 return
             with self.cluster.broker_lock:
                 self.cluster.restart_broker()
+        elif fault.kind is FaultKind.KILL_BROKER:
+            if not self.kill_broker():
+                return
+        elif fault.kind is FaultKind.CUT_GENERATOR and not self.cut_generator(fault):
+            return
         self.faults[fault.kind.value] += 1
+
+    def kill_broker(self) -> bool:
+        """`kill -9` of the broker while the producers send: no shutdown, no flush; then a start on its data."""
+        if self.cluster.kill_broker is None:
+            return False
+        with self.cluster.broker_lock:
+            self.cluster.kill_broker()
+        return True
+
+    def cut_generator(self, fault: Fault) -> bool:
+        """Cut the generator off from the broker (its binary protocol and admin API) for `fault.down_s`, longer
+        than its timeouts, while the producers and consumers carry on; then heal it, with the held connections
+        flowing again or reset (`fault.target`)."""
+        link = self.cluster.generator_link
+        if link is None:
+            return False
+        with link.lock:
+            held = link.stall()
+            try:
+                time.sleep(fault.down_s)
+                if fault.target:
+                    link.reset()
+            finally:
+                link.resume()
+        healed = "reset" if fault.target else "resumed"
+        self.notes.append(f"generator cut off for {fault.down_s:.1f} s ({held} connections held), then {healed}")
+        return True
 
     def seek_back(self, index: int, down_s: float) -> bool:
         """Close the subscription's consumers, seek it back, wait for the recomputed watermark, reopen."""

@@ -13,7 +13,7 @@ from tests.chaos.checker import (
     check_premature,
     check_subscription,
 )
-from tests.chaos.plan import FaultKind, plan_scenario
+from tests.chaos.plan import CUT_S, FaultKind, plan_scenario
 
 
 def instance(name: str, events: list[Delivery | WatermarkSeen], started: float = 0.0, epoch: int = 0) -> InstanceLog:
@@ -83,3 +83,25 @@ def test_a_restart_share_of_one_restarts_the_broker_in_every_scenario_with_the_s
         usual = plan_scenario(seed)
         assert (plan.producers, plan.subscriptions) == (usual.producers, usual.subscriptions)
     assert sum(any(f.kind is FaultKind.RESTART_BROKER for f in plan_scenario(s).faults) for s in range(200)) < 20
+
+
+def test_hard_faults_replace_one_fault_each_and_change_nothing_else() -> None:
+    for seed in range(50):
+        plain = plan_scenario(seed, kill_share=0.0, cut_share=0.0)
+        hard = plan_scenario(seed, kill_share=1.0, cut_share=1.0)
+        assert not {f.kind for f in plain.faults} & {FaultKind.KILL_BROKER, FaultKind.CUT_GENERATOR}
+        assert (hard.producers, hard.subscriptions) == (plain.producers, plain.subscriptions)
+        assert [f.at_s for f in hard.faults] == [f.at_s for f in plain.faults]
+        changed = [(a, b) for a, b in zip(plain.faults, hard.faults, strict=True) if a != b]
+        assert {b.kind for _, b in changed} <= {FaultKind.KILL_BROKER, FaultKind.CUT_GENERATOR}
+        assert sum(f.kind is FaultKind.KILL_BROKER for f in hard.faults) == 1
+        assert sum(f.kind is FaultKind.CUT_GENERATOR for f in hard.faults) == 1
+        assert all(a.kind is not FaultKind.RESTART_BROKER for a, _ in changed)
+        for cut in (f for f in hard.faults if f.kind is FaultKind.CUT_GENERATOR):
+            assert CUT_S[0] <= cut.down_s <= CUT_S[1] and cut.target in (0, 1)
+    assert all(sum(f.kind is FaultKind.CUT_GENERATOR for f in plan_scenario(s, cut_share=1.0).faults) == 1
+               for s in range(50))  # fmt: skip
+    no_cuts = plan_scenario(3, cut_share=1.0, generator_cuts=False)
+    assert not any(f.kind is FaultKind.CUT_GENERATOR for f in no_cuts.faults)
+    no_kills = plan_scenario(3, kill_share=1.0, broker_restarts=False)
+    assert not any(f.kind is FaultKind.KILL_BROKER for f in no_kills.faults)
