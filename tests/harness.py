@@ -27,13 +27,14 @@ through that proxy, lookups included, so a test can cut that one client off."""
 
 @dataclass(frozen=True)
 class RunningPulsar:
-    """The session's broker; `restart` stops and starts it, `kill` is a `kill -9` and a start, and
-    `generator_listener_port` is where the `generator` listener points (only for the local standalone
-    we started)."""
+    """The session's broker; `restart` stops and starts it, `kill` is a `kill -9` (and `start` starts it
+    again on the same data), and `generator_listener_port` is where the `generator` listener points
+    (only for the local standalone we started)."""
 
     settings: PulsarSettings
     restart: Callable[[], None] | None = None
     kill: Callable[[], None] | None = None
+    start: Callable[[], None] | None = None
     generator_listener_port: int | None = None
 
 
@@ -86,12 +87,11 @@ def _local_pulsar(state_dir: Path) -> Iterator[RunningPulsar]:
         cluster.down()
         cluster.up()
 
-    def kill() -> None:
-        cluster.kill_broker()
-        cluster.up()
-
     try:
-        yield RunningPulsar(PulsarSettings(cluster.service_url, cluster.admin_url), restart, kill, listener_port)
+        yield RunningPulsar(
+            PulsarSettings(cluster.service_url, cluster.admin_url), restart, cluster.kill_broker, cluster.up,
+            listener_port,
+        )  # fmt: skip
     finally:
         cluster.down()
 

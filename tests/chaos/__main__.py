@@ -60,8 +60,9 @@ def cluster_on(running: RunningPulsar, work: Path) -> Iterator[Cluster]:
     )  # fmt: skip
     try:
         yield Cluster(
-            running.settings, client, admin, work, running.restart, kill_broker=running.kill, generator_link=link
-        )
+            running.settings, client, admin, work, running.restart, kill_broker=running.kill,
+            start_broker=running.start, generator_link=link,
+        )  # fmt: skip
     finally:
         client.close()
         admin.close()

@@ -28,6 +28,7 @@ from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.settings import PulsarSettings
 from tests.chaos.checker import Delivery, InstanceLog, Violation, WatermarkSeen, check_final, check_subscription
+from tests.chaos.crashes import forgive_lost_acknowledgements
 from tests.chaos.plan import Fault, FaultKind, ProducerPlan, ScenarioPlan
 from tests.integration.generator_process import GeneratorProcess
 from tests.integration.helpers import watermark_table_reader
@@ -61,7 +62,10 @@ class Cluster:
     restart_broker: Callable[[], None] | None = None
     broker_lock: threading.Lock = field(default_factory=threading.Lock)
     kill_broker: Callable[[], None] | None = None
-    """`kill -9` of the broker and a start on the same data; None where we cannot."""
+    """`kill -9` of the broker; None where we cannot. `start_broker` starts it again on the same data."""
+    start_broker: Callable[[], None] | None = None
+    broker_kills: list[float] = field(default_factory=list)
+    """When the broker was killed (monotonic): every scenario running then lived through it."""
     generator_link: GeneratorLink | None = None
     """The generators' route to the broker through proxies a cut stalls; None: they connect directly."""
 
@@ -300,10 +304,12 @@ class Scenario:
 
     def kill_broker(self) -> bool:
         """`kill -9` of the broker while the producers send: no shutdown, no flush; then a start on its data."""
-        if self.cluster.kill_broker is None:
+        if self.cluster.kill_broker is None or self.cluster.start_broker is None:
             return False
         with self.cluster.broker_lock:
             self.cluster.kill_broker()
+            self.cluster.broker_kills.append(time.monotonic())
+            self.cluster.start_broker()
         return True
 
     def cut_generator(self, fault: Fault) -> bool:
@@ -477,7 +483,9 @@ class Scenario:
             time.sleep(0.1)
         for sub in self.plan.subscriptions:
             logs = [entry for entry in self.logs if entry.subscription == sub.name]
-            self.violations += check_subscription(sub.name, logs, self.sent, {p.name for p in self.plan.producers})
+            self.violations += check_subscription(
+                sub.name, self.after_broker_kills(sub.name, logs), self.sent, {p.name for p in self.plan.producers}
+            )
             names = {entry.name for entry in logs}
             self.violations += check_final(
                 sub.name, final, {n: t for n, t in reached.items() if n in names}, FINAL_BOUND_S
@@ -486,6 +494,17 @@ class Scenario:
                 self.violations.append(Violation("message-lost", sub.name, "backlog not empty at the end"))
                 self.notes.append(f"{sub.name} at the end: {self.subscription_snapshot(sub.name)}")
         return max((t for t in reached.values() if t is not None), default=0.0)
+
+    def after_broker_kills(self, subscription: str, logs: list[InstanceLog]) -> list[InstanceLog]:
+        """The logs as the checks must see them after broker kills (tests/chaos/crashes.py), saying what was dropped."""
+        forgiven = forgive_lost_acknowledgements(logs, self.cluster.broker_kills)
+        if forgiven.duplicates or forgiven.lowered_watermarks:
+            self.notes.append(
+                f"{subscription}: after a broker kill -9, {forgiven.duplicates} deliveries of acknowledged messages "
+                f"again and {forgiven.lowered_watermarks} watermarks below the one seen before (acknowledgements the "
+                "broker had not persisted)"
+            )
+        return forgiven.logs
 
     def keep_evidence(self) -> Path:
         """Copy the generator's log and what every listener saw to FAILURES/<seed> (the work dir is temporary)."""

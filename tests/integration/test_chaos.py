@@ -45,7 +45,8 @@ def test_a_broker_killed_with_sigkill_and_a_generator_cut_off_lose_nothing_and_p
     seed = 5
     assert {f.kind for f in plan_scenario(seed, kill_share=1.0, cut_share=1.0).faults} >= HARD_FAULTS
     with cluster_on(pulsar_broker, tmp_path) as cluster:
-        assert cluster.kill_broker is not None and cluster.generator_link is not None
+        assert cluster.kill_broker is not None and cluster.start_broker is not None
+        assert cluster.generator_link is not None
         results = run_many(cluster, [seed], kill_share=1.0, cut_share=1.0)
     violations = [f"seed {r.seed}: {v}" for r in results for v in r.violations]
     assert violations == []
