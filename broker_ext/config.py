@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from pulsar_access.topics import WATERMARK_NAMESPACE_ENV, watermark_namespace
+from watermark_core.snapshot import SnapshotKeys
 from watermark_core.state import WatermarkConfig
+
+log = logging.getLogger(__name__)
 
 GENERATOR_SUBSCRIPTION = "__wm_generator"
 """The generator's own durable Failover subscription on every partition it follows."""
@@ -32,6 +38,12 @@ class GeneratorConfig:
     discovery_interval_s: float = 2.0
     metrics_port: int = 9108
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    watermark_namespace: str = field(default_factory=watermark_namespace)
+    """Where the companion topics are published: only the generator's role may produce there."""
+    snapshot_keys: SnapshotKeys = field(default_factory=SnapshotKeys.random)
+    """Signs the W_SNAPSHOT records this generator writes, verifies those it restores from (docs/SECURITY.md)."""
+    snapshot_key_source: str | None = None
+    """Where `snapshot_keys` came from (a variable's name or a file), None for a random key of this process."""
 
     @property
     def watermark_config(self) -> WatermarkConfig:
@@ -98,6 +110,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--instance-id", default=_env("WM_INSTANCE_ID", d.instance_id),
         help="this instance's name among several generators (env WM_INSTANCE_ID; default random)",
     )  # fmt: skip
+    parser.add_argument(
+        "--snapshot-key-file", default=_env("WM_SNAPSHOT_KEY_FILE", "") or None,
+        help="the key that signs and verifies W_SNAPSHOT records, shared by every generator instance and no one "
+        "else: one key per line, the signing key first (older keys after it while rotating); WM_SNAPSHOT_KEY (the "
+        "key itself) wins over it (env WM_SNAPSHOT_KEY_FILE; default: a random key per process, see docs/SECURITY.md)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--watermark-namespace", default=None,
+        help="publish the watermark tables in this namespace, where only the generator's role may produce; "
+        f"consumers, Spark and 'broker-ext status' read {WATERMARK_NAMESPACE_ENV} (env {WATERMARK_NAMESPACE_ENV}; "
+        "default public/__watermarks; see docs/SECURITY.md)",
+    )  # fmt: skip
+
+
+def snapshot_keys(key_file: str | None) -> tuple[SnapshotKeys, str | None]:
+    """The keys and where they came from: `WM_SNAPSHOT_KEY` (the key itself; wins), else the file `key_file`
+    (one key per line, the signing key first, older ones after it while a rotation is under way), else a
+    random key of this process (source None: see `warn_about_snapshot_key`)."""
+    value = os.environ.get("WM_SNAPSHOT_KEY", "").strip()
+    if value:
+        return SnapshotKeys.from_text(value), "WM_SNAPSHOT_KEY"
+    if key_file:
+        path = Path(key_file)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ValueError(f"cannot read the snapshot key file {path} ({exc.strerror or exc}); check "
+                             "--snapshot-key-file / WM_SNAPSHOT_KEY_FILE") from None  # fmt: skip
+        if not text.strip():
+            raise ValueError(f"the snapshot key file {path} is empty; put a key in it (32 random bytes, hex)")
+        return SnapshotKeys.from_text(text), str(path)
+    return SnapshotKeys.random(), None
+
+
+def warn_about_snapshot_key(config: GeneratorConfig) -> None:
+    """Say what a generator without a configured snapshot key gives up (once, when it starts)."""
+    if config.snapshot_key_source is None:
+        log.warning(
+            "no snapshot key (WM_SNAPSHOT_KEY, or a key file in --snapshot-key-file / WM_SNAPSHOT_KEY_FILE): this "
+            "generator signs its W_SNAPSHOT records with a random key of its own. Snapshots written before a "
+            "restart or by another instance will not verify, so a restart or a take-over rebuilds each partition's "
+            "state by reading it from its start, which is exact only while the namespace retains the topics' whole "
+            "history. Give every generator instance the same key (docs/SECURITY.md)"
+        )
 
 
 def from_arguments(args: argparse.Namespace) -> GeneratorConfig:
@@ -110,6 +166,7 @@ def from_arguments(args: argparse.Namespace) -> GeneratorConfig:
                         (args.stats_rate, "--stats-rate")):  # fmt: skip
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
+    keys, key_source = snapshot_keys(args.snapshot_key_file)
     return GeneratorConfig(
         namespaces=namespaces,
         topics=topics,
@@ -122,6 +179,9 @@ def from_arguments(args: argparse.Namespace) -> GeneratorConfig:
         stats_rate=args.stats_rate,
         metrics_port=args.metrics_port,
         instance_id=args.instance_id,
+        watermark_namespace=watermark_namespace(args.watermark_namespace),
+        snapshot_keys=keys,
+        snapshot_key_source=key_source,
     )
 
 

@@ -1,8 +1,9 @@
 """Publishes `SendWatermark` tables on each topic's companion topic, through Pulsar itself.
 
-Consumers read `<topic>__watermarks` with a compacted reader; the generator triggers compaction
-now and then so that a consumer that attaches finds the latest table of its partition at once
-without reading the whole history. Runs on the event loop's thread and never blocks it: a
+Companion topics live in the watermark namespace (`pulsar_access.topics.watermark_topic_for`),
+where only the generator's role may produce. Consumers read them with a compacted reader; the
+generator triggers compaction now and then so that a consumer that attaches finds the latest table
+of its partition at once without reading the whole history. Runs on the event loop's thread and never blocks it: a
 companion topic's producer is created on the worker pool (tables wait for it, in order), tables are
 sent asynchronously in the order the engines publish them, and a table whose send failed is sent
 again unless a later one of its partition was sent since.
@@ -23,7 +24,7 @@ from broker_ext.engine.vocabulary import PublishTable
 from broker_ext.loop import EventLoop
 from broker_ext.metrics import GeneratorMetrics
 from pulsar_access.admin import AdminError, PulsarAdmin
-from pulsar_access.topics import watermark_topic_for
+from pulsar_access.topics import watermark_namespace, watermark_topic_for
 from watermark_core.protocol import EVENT_PROPERTY, SEND_WATERMARK, encode_table, table_key
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,11 @@ class WatermarkDispatcher:
 
     def __init__(
         self, client: pulsar.Client, admin: PulsarAdmin, instance_id: str, metrics: GeneratorMetrics,
-        loop: EventLoop, pool: Executor,
+        loop: EventLoop, pool: Executor, namespace: str | None = None,
     ) -> None:  # fmt: skip
         self._client = client
+        self._namespace = watermark_namespace(namespace)
+        self._namespace_checked = False
         self._admin = admin
         self._instance_id = instance_id
         self._metrics = metrics
@@ -69,7 +72,7 @@ class WatermarkDispatcher:
 
     def publish(self, table: PublishTable) -> None:
         """Send a partition's table (every subscription's watermark); on the loop thread."""
-        name = watermark_topic_for(table.events[0].topic)
+        name = watermark_topic_for(table.events[0].topic, self._namespace)
         companion = self._companions.get(name)
         if companion is None:
             companion = self._companions[name] = Companion(name)
@@ -82,8 +85,34 @@ class WatermarkDispatcher:
             return
         self._send(companion, table)
 
+    def _ensure_namespace(self) -> None:
+        """Create the watermark namespace where the broker lets us (a cluster without authorization).
+
+        With authorization only an admin may create it (`make cluster-up` does, and grants produce
+        there to the generator's role alone; docs/SECURITY.md): then say once, with the fix, if it
+        is missing or not ours to write. On the worker pool, before a companion's producer is created.
+        """
+        if self._namespace_checked:
+            return
+        try:
+            self._admin.create_namespace(self._namespace)
+        except AdminError as exc:
+            if exc.status not in (401, 403):
+                raise  # the broker is away: retried with the next producer
+            try:
+                self._admin.list_topics(self._namespace)
+            except AdminError as missing:
+                log.error(
+                    "the watermark namespace %s is missing or not open to this generator's role (%s); as an admin, "
+                    "create it and grant the generator produce,consume and the applications consume there "
+                    "(docs/SECURITY.md), or set --watermark-namespace / WM_WATERMARK_NAMESPACE", self._namespace,
+                    missing,
+                )
+        self._namespace_checked = True
+
     def _create(self, companion: Companion, producer_name: str) -> None:
         try:
+            self._ensure_namespace()
             producer = self._client.create_producer(
                 companion.topic, producer_name=producer_name, batching_enabled=False
             )
@@ -200,7 +229,7 @@ class WatermarkDispatcher:
 
     def forget(self, topic: str) -> None:
         """The topic is gone: close its companion's producer (on the loop thread)."""
-        companion = self._companions.pop(watermark_topic_for(topic), None)
+        companion = self._companions.pop(watermark_topic_for(topic, self._namespace), None)
         if companion is not None and companion.producer is not None:
             self._pool.submit(_close, companion.producer)
 

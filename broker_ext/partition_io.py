@@ -86,6 +86,7 @@ class Context:
 def engine_config(config: GeneratorConfig) -> EngineConfig:
     return EngineConfig(
         watermark=config.watermark_config,
+        snapshot_keys=config.snapshot_keys,
         snapshot_interval_messages=config.snapshot_interval_messages,
         snapshot_interval_s=config.snapshot_interval_s,
     )
@@ -325,7 +326,8 @@ class PartitionIO:
 
         try:
             producer.send_async(
-                encode_snapshot(command.state, command.previous), sent,
+                encode_snapshot(command.state, command.previous, keys=self.ctx.config.snapshot_keys, topic=self.topic),
+                sent,
                 properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value},
             )  # fmt: skip
         except pulsar.PulsarException as exc:

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pulsar
 
-from broker_ext.config import GeneratorConfig
+from broker_ext.config import GeneratorConfig, warn_about_snapshot_key
 from broker_ext.dispatch import WatermarkDispatcher
 from broker_ext.loop import EventLoop
 from broker_ext.metrics import GeneratorMetrics
@@ -36,10 +36,14 @@ IO_THREADS = 4
 ADMIN_THREADS = 3
 
 
-def is_followable(topic: str) -> bool:
+def is_followable(topic: str, watermark_namespace: str | None = None) -> bool:
     """Data topics only: not our companion topics, not Pulsar's system topics."""
     local = TopicName.parse(topic).local
-    return topic.startswith("persistent://") and not is_watermark_topic(topic) and not local.startswith("__")
+    return (
+        topic.startswith("persistent://")
+        and not is_watermark_topic(topic, watermark_namespace)
+        and not local.startswith("__")
+    )
 
 
 class GeneratorService:
@@ -55,7 +59,8 @@ class GeneratorService:
         self.pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="wm-io")
         self.admin_pool = ThreadPoolExecutor(ADMIN_THREADS, thread_name_prefix="wm-admin")
         self.dispatcher = WatermarkDispatcher(
-            self.client, self.admin, config.instance_id, self.metrics, self.loop, self.pool
+            self.client, self.admin, config.instance_id, self.metrics, self.loop, self.pool,
+            config.watermark_namespace,
         )
         self.poller = CursorPoller(
             self.loop, self.admin, self.admin_pool, poll_interval_s=config.poll_interval_s,
@@ -91,7 +96,7 @@ class GeneratorService:
                 continue
             self._missing_topics.discard(name)
             found.update(partition_names(name, partitions))
-        return {t for t in found if is_followable(t)}
+        return {t for t in found if is_followable(t, self.config.watermark_namespace)}
 
     def sync_partitions(self) -> None:
         """Follow new partitions, drop those of deleted topics (on the loop), subscribe where that failed."""
@@ -140,9 +145,11 @@ class GeneratorService:
         the recovery is logged when the broker answers again.
         """
         self.start_metrics()
-        log.info("watermark generator %s following namespaces %s and topics %s on %s (admin %s)",
-                 self.config.instance_id, list(self.config.namespaces), list(self.config.topics),
-                 self.settings.service_url, self.settings.admin_url)  # fmt: skip
+        log.info("watermark generator %s following namespaces %s and topics %s on %s (admin %s), publishing "
+                 "watermarks in namespace %s, snapshots signed with %s", self.config.instance_id,
+                 list(self.config.namespaces), list(self.config.topics), self.settings.service_url,
+                 self.settings.admin_url, self.config.watermark_namespace, self.config.snapshot_keys)  # fmt: skip
+        warn_about_snapshot_key(self.config)
         self.loop.start()
         while not self._stop.is_set():
             try:

@@ -1,7 +1,8 @@
 """`broker-ext status TOPIC`: the subscriptions of a topic, their positions and watermarks.
 
-It reads what the generator published (the compacted `<topic>__watermarks`) and the cursors'
-positions from the admin API, so it works whichever generator instance owns each partition.
+It reads what the generator published (the topic's compacted companion topic in the watermark
+namespace, `watermark_topic_for`) and the cursors' positions from the admin API, so it works
+whichever generator instance owns each partition.
 """
 
 from __future__ import annotations
@@ -14,22 +15,24 @@ import pulsar
 from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound, durable_subscriptions
 from pulsar_access.errors import explained
 from pulsar_access.settings import PulsarSettings
-from pulsar_access.topics import full_name, partition_name, watermark_topic_for
+from pulsar_access.topics import base_topic_and_partition, full_name, partition_name, watermark_topic_for
 from watermark_core.protocol import MalformedMarker, WatermarkEvent, decode_table
 
 
 def latest_events(client: pulsar.Client, topic: str) -> dict[tuple[int, str], WatermarkEvent]:
-    """The latest event per (partition, subscription) published for `topic`.
+    """The latest event per (partition, subscription) published for `topic`; events naming another topic are ignored.
 
     A table view of the companion topic holds the latest table per partition key (what compaction
     keeps); each table has every subscription's event of that partition.
     """
+    base = base_topic_and_partition(topic)[0]
     latest: dict[tuple[int, str], WatermarkEvent] = {}
 
     def take(_key: str, payload: bytes) -> None:
         with contextlib.suppress(MalformedMarker):  # counted and logged by consumers; status shows the rest
             for event in decode_table(payload):
-                latest[(event.partition, event.subscription)] = event
+                if event.topic == base:
+                    latest[(event.partition, event.subscription)] = event
 
     view = client.create_table_view(watermark_topic_for(topic))
     try:

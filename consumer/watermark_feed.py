@@ -1,8 +1,10 @@
 """Follows the `SendWatermark` events of one subscription on the topic's companion topic.
 
-The generator publishes one event per (partition, subscription) change to `<topic>__watermarks`;
+The generator publishes one event per (partition, subscription) change to the topic's companion
+topic (`watermark_topic_for`: in the watermark namespace, where only the generator may produce);
 compaction keeps the latest per key, so reading the compacted topic from its start gives the
-current watermark at once, and reading on gives every change after it.
+current watermark at once, and reading on gives every change after it. Events come from there
+only, and an event that names another topic or subscription is ignored.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -26,14 +27,18 @@ import requests
 
 from pulsar_access.auth_tokens import (
     ADMIN_ROLE,
+    APPLICATION_WATERMARK_ACTIONS,
     CLIENT_ACTIONS,
     CLIENT_ROLE,
     DEFAULT_NAMESPACE,
     GENERATOR_ACTIONS,
     GENERATOR_ROLE,
+    GENERATOR_WATERMARK_ACTIONS,
     TokenAuth,
+    write_private,
 )
 from pulsar_access.settings import PulsarSettings
+from pulsar_access.topics import watermark_namespace
 
 PULSAR_VERSION = "4.0.7"
 """Pinned: the newest 4.0 LTS release whose every broker dependency is on Maven Central."""
@@ -43,6 +48,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 AUTH_MODES = (None, "token")
+WATERMARK_COMPACTION_THRESHOLD_BYTES = 256 * 1024
+"""The broker compacts a companion topic itself past this backlog (the generator's role may not ask it to)."""
 
 
 class ClusterError(RuntimeError):
@@ -217,6 +224,17 @@ class LocalCluster:
         return PulsarSettings(self.service_url, self.admin_url, token)
 
     @property
+    def snapshot_key_file(self) -> Path:
+        """The key the generator signs its snapshots with (`WM_SNAPSHOT_KEY_FILE`), kept across restarts."""
+        return self.state_dir / "snapshot.key"
+
+    def ensure_snapshot_key(self) -> Path:
+        """Create the snapshot key once (32 random bytes, hex, mode 0600); delete it to rotate (docs/SECURITY.md)."""
+        if not self.snapshot_key_file.exists():
+            write_private(self.snapshot_key_file, (secrets.token_hex(32) + "\n").encode())
+        return self.snapshot_key_file
+
+    @property
     def service_url(self) -> str:
         return f"pulsar://127.0.0.1:{self.broker_port}"
 
@@ -326,6 +344,7 @@ class LocalCluster:
         self._pid_file("pulsar").write_text(f"{proc.pid}\n")
         self._wait_ready(proc, started, timeout_s)
         say(f"Pulsar is ready after {time.monotonic() - started:.1f} s (pid {proc.pid})")
+        self.prepare_watermark_namespace()
         if self.auth == "token":
             self.grant_permissions()
         if self.with_generator and self.running_pid("generator") is None:
@@ -339,19 +358,36 @@ class LocalCluster:
         text = conf.read_text() if conf.exists() else ""
         return "token" if "authenticationEnabled=true" in text.splitlines() else None
 
-    def grant_permissions(self) -> None:
-        """As the super user: the generator's least permissions and the sample client's on public/default."""
+    def prepare_watermark_namespace(self) -> None:
+        """As the super user: the namespace of the watermark tables, compacted by the broker itself."""
         from pulsar_access.admin import PulsarAdmin
 
         admin = PulsarAdmin(self.admin_settings())
         try:
+            admin.create_namespace(watermark_namespace())
+            admin.set_compaction_threshold(watermark_namespace(), WATERMARK_COMPACTION_THRESHOLD_BYTES)
+        finally:
+            admin.close()
+
+    def grant_permissions(self) -> None:
+        """As the super user: the generator's least permissions and the sample client's on public/default;
+        on the watermark namespace produce for the generator alone, consume for the client (docs/SECURITY.md)."""
+        from pulsar_access.admin import PulsarAdmin
+
+        tables = watermark_namespace()
+        admin = PulsarAdmin(self.admin_settings())
+        try:
             admin.grant_namespace_permission(DEFAULT_NAMESPACE, GENERATOR_ROLE, GENERATOR_ACTIONS)
             admin.grant_namespace_permission(DEFAULT_NAMESPACE, CLIENT_ROLE, CLIENT_ACTIONS)
+            admin.grant_namespace_permission(tables, GENERATOR_ROLE, GENERATOR_WATERMARK_ACTIONS)
+            admin.grant_namespace_permission(tables, CLIENT_ROLE, APPLICATION_WATERMARK_ACTIONS)
         finally:
             admin.close()
         say(
             f"granted {DEFAULT_NAMESPACE}: role {GENERATOR_ROLE!r} {','.join(GENERATOR_ACTIONS)}, "
-            f"role {CLIENT_ROLE!r} {','.join(CLIENT_ACTIONS)}; super user {ADMIN_ROLE!r}"
+            f"role {CLIENT_ROLE!r} {','.join(CLIENT_ACTIONS)}; {tables} (the watermark tables): role "
+            f"{GENERATOR_ROLE!r} {','.join(GENERATOR_WATERMARK_ACTIONS)}, role {CLIENT_ROLE!r} "
+            f"{','.join(APPLICATION_WATERMARK_ACTIONS)}; super user {ADMIN_ROLE!r}"
         )
 
     def _say_how_to_authenticate(self) -> None:
@@ -396,6 +432,8 @@ class LocalCluster:
         if self.auth == "token":  # the generator's own role, never a token of the caller's shell
             env.pop("PULSAR_AUTH_TOKEN", None)
             env["PULSAR_AUTH_TOKEN_FILE"] = str(self.tokens.token_file(GENERATOR_ROLE))
+        if not env.get("WM_SNAPSHOT_KEY") and not env.get("WM_SNAPSHOT_KEY_FILE"):
+            env["WM_SNAPSHOT_KEY_FILE"] = str(self.ensure_snapshot_key())
         with (self.state_dir / "generator.log").open("ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "broker_ext.cli", "serve"], stdout=out, stderr=subprocess.STDOUT,
@@ -410,6 +448,17 @@ class LocalCluster:
                 f"see {self.state_dir}/generator.log"
             )
         say(f"watermark generator started (pid {proc.pid}), log {self.state_dir}/generator.log")
+
+    def kill_broker(self) -> None:
+        """`kill -9` the broker by its recorded process id: a crash, no shutdown; `up()` starts it on the same data."""
+        pid = self.running_pid("pulsar")
+        self._pid_file("pulsar").unlink(missing_ok=True)
+        if pid is None:
+            return
+        _signal_group(pid, signal.SIGKILL)
+        while _pid_alive(pid):
+            time.sleep(0.1)
+        say(f"killed Pulsar (pid {pid}) with SIGKILL")
 
     def stop_generator(self) -> None:
         self._stop("generator", grace_s=10)

@@ -198,6 +198,14 @@ class PulsarAdmin:
         """Grant `role` the namespace permissions `actions` (produce, consume, ...); needs a super user."""
         self._call("POST", f"namespaces/{namespace}/permissions/{quote(role, safe='')}", json=list(actions))
 
+    def grant_topic_permission(self, topic: str, role: str, actions: Sequence[str]) -> None:
+        """Grant `role` the permissions `actions` on one topic only; needs a super user or the tenant's admin."""
+        self._call("POST", f"{TopicName.parse(topic).rest_path}/permissions/{quote(role, safe='')}", json=list(actions))
+
+    def set_compaction_threshold(self, namespace: str, threshold_bytes: int) -> None:
+        """Let the broker compact each topic of `namespace` once its backlog passes `threshold_bytes` (tenant admin)."""
+        self._call("PUT", f"namespaces/{namespace}/compactionThreshold", json=threshold_bytes)
+
     def namespace_permissions(self, namespace: str) -> dict[str, list[str]]:
         """Each role's granted actions on the namespace; needs a super user or the tenant's admin."""
         return {

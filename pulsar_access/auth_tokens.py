@@ -26,9 +26,14 @@ CLIENT_ROLE = "client"
 GENERATOR_ACTIONS = ("produce", "consume")
 """The generator's least namespace permissions, measured against Pulsar 4.0.7 (docs/SECURITY.md):
 consume for its Failover subscription, readers and the admin calls it makes (topic list, partition
-metadata, stats, internal stats); produce for its snapshots and the `__watermarks` companion topics.
+metadata, stats, internal stats); produce for its snapshots. On the watermark namespace it has
+`GENERATOR_WATERMARK_ACTIONS` (the companion topics); applications have only consume there.
 Triggering compaction would need tenant admin; the generator does without it."""
 CLIENT_ACTIONS = ("produce", "consume")
+GENERATOR_WATERMARK_ACTIONS = ("produce", "consume")
+"""On the watermark namespace (`pulsar_access.topics.watermark_namespace`): the generator alone writes there."""
+APPLICATION_WATERMARK_ACTIONS = ("consume",)
+"""On the watermark namespace, for every application role: read the watermark tables, never write them."""
 
 DEFAULT_NAMESPACE = "public/default"
 SECRET_KEY_BYTES = 32
@@ -62,7 +67,7 @@ def role_of(token: str, secret_key: bytes | None = None) -> str | None:
     return subject if isinstance(subject, str) else None
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes) -> None:
     """Write a file only its owner can read (a key or a token is a credential)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -89,12 +94,12 @@ class TokenAuth:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.directory.chmod(0o700)
         if not self.secret_key_file.exists():
-            _write_private(self.secret_key_file, create_secret_key())
+            write_private(self.secret_key_file, create_secret_key())
         key = self.secret_key_file.read_bytes()
         for role in roles:
             path = self.token_file(role)
             if not path.exists() or role_of(path.read_text().strip(), key) != role:
-                _write_private(path, (create_token(key, role) + "\n").encode())
+                write_private(path, (create_token(key, role) + "\n").encode())
 
     def token(self, role: str) -> str:
         return self.token_file(role).read_text().strip()

@@ -23,10 +23,13 @@ class PulsarSettings:
     service_url: str = DEFAULT_SERVICE_URL
     admin_url: str = DEFAULT_ADMIN_URL
     auth_token: str | None = None
+    listener_name: str | None = None
+    """The broker's advertised listener to be given in lookups (`advertisedListeners`), for a client that
+    reaches the brokers by another route than the others; None: the broker's internal one."""
 
     @classmethod
     def from_env(cls) -> PulsarSettings:
-        """Read `PULSAR_SERVICE_URL`, `PULSAR_ADMIN_URL` and `PULSAR_AUTH_TOKEN[_FILE]`."""
+        """Read `PULSAR_SERVICE_URL`, `PULSAR_ADMIN_URL`, `PULSAR_AUTH_TOKEN[_FILE]` and `PULSAR_LISTENER_NAME`."""
         token = os.environ.get("PULSAR_AUTH_TOKEN") or None
         token_file = os.environ.get("PULSAR_AUTH_TOKEN_FILE")
         if token is None and token_file:
@@ -35,6 +38,7 @@ class PulsarSettings:
             service_url=os.environ.get("PULSAR_SERVICE_URL", DEFAULT_SERVICE_URL),
             admin_url=os.environ.get("PULSAR_ADMIN_URL", DEFAULT_ADMIN_URL).rstrip("/"),
             auth_token=token,
+            listener_name=os.environ.get("PULSAR_LISTENER_NAME") or None,
         )
 
     def client(self, **options: object) -> pulsar.Client:
@@ -42,6 +46,8 @@ class PulsarSettings:
         options.setdefault("logger", pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
         if self.auth_token is not None and "authentication" not in options:
             options["authentication"] = pulsar.AuthenticationToken(self.auth_token)
+        if self.listener_name is not None:
+            options.setdefault("listener_name", self.listener_name)
         return pulsar.Client(self.service_url, **options)
 
     def admin_headers(self) -> dict[str, str]:

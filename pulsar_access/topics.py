@@ -2,20 +2,32 @@
 
 Pulsar's own rules: "x" is persistent://public/default/x, "t/n/x" is persistent://t/n/x, and the
 partitions of a partitioned topic "x" are the topics "x-partition-0", "x-partition-1", ...
-The generator publishes a topic's watermarks on its companion topic `<topic>__watermarks`.
+
+The generator publishes a topic's watermarks on its companion topic (`watermark_topic_for`), in a
+namespace of their own where only the generator's role may produce (docs/SECURITY.md): no
+application that may write the data topics can write what consumers read as watermarks.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from urllib.parse import quote
 
 DEFAULT_NAMESPACE = "public/default"
-WATERMARK_TOPIC_SUFFIX = "__watermarks"
+WATERMARK_NAMESPACE_ENV = "WM_WATERMARK_NAMESPACE"
+DEFAULT_WATERMARK_NAMESPACE = "public/__watermarks"
+"""Where the companion topics live unless `WM_WATERMARK_NAMESPACE` names another namespace."""
+LEGACY_WATERMARK_SUFFIX = "__watermarks"
+"""Companion topics used to be `<topic>__watermarks` beside the data topic: never followed, never read."""
+COMPANION_SEPARATOR = "~"
+"""Joins tenant, namespace and topic in a companion's name; Pulsar allows it in no tenant or namespace name."""
 TOPIC_FORMS = "'name', 'tenant/namespace/name' or 'persistent://tenant/namespace/name'"
 
 _PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
+_NAMED_ENTITY = re.compile(r"^[-=:.\w]+$")
+"""Pulsar's rule for tenant and namespace names (NamedEntity): no '~', no '/'."""
 
 
 @dataclass(frozen=True)
@@ -89,11 +101,41 @@ def base_topic_and_partition(topic: str) -> tuple[str, int]:
     return full[: match.start()], int(match.group(1))
 
 
-def watermark_topic_for(topic: str) -> str:
-    """The companion topic where the generator publishes a topic's watermarks (one for all partitions)."""
-    return base_topic_and_partition(topic)[0] + WATERMARK_TOPIC_SUFFIX
+def watermark_namespace(namespace: str | None = None) -> str:
+    """The namespace of the companion topics: `namespace`, else `WM_WATERMARK_NAMESPACE`, else public/__watermarks.
+
+    Every component reads it the same way (the generator also takes `--watermark-namespace`);
+    ValueError naming the variable for a value that is not `tenant/namespace`.
+    """
+    value = (namespace or os.environ.get(WATERMARK_NAMESPACE_ENV) or DEFAULT_WATERMARK_NAMESPACE).strip()
+    parts = value.split("/")
+    if len(parts) != 2 or not all(_NAMED_ENTITY.match(part) for part in parts):
+        raise ValueError(
+            f"{WATERMARK_NAMESPACE_ENV} (or --watermark-namespace) must be 'tenant/namespace', got {value!r}; "
+            f"the default is {DEFAULT_WATERMARK_NAMESPACE}"
+        )
+    return value
 
 
-def is_watermark_topic(topic: str) -> bool:
-    """Whether `topic` is a companion topic (the generator must not follow those)."""
-    return base_topic_and_partition(topic)[0].endswith(WATERMARK_TOPIC_SUFFIX)
+def watermark_topic_for(topic: str, namespace: str | None = None) -> str:
+    """The companion topic where the generator publishes a topic's watermarks (one for all partitions).
+
+    It lives in the watermark namespace (`watermark_namespace(namespace)`), where only the generator
+    may produce, and its name encodes the data topic's tenant, namespace and name, joined by '~':
+    `persistent://public/default/my-topic` has `persistent://public/__watermarks/public~default~my-topic`.
+    Pulsar allows no '~' in tenant or namespace names, so two data topics never share a companion
+    (a non-persistent topic's name starts with '~non-persistent~', which no tenant can).
+    """
+    name = TopicName.parse(base_topic_and_partition(topic)[0])
+    local = COMPANION_SEPARATOR.join((name.tenant, name.namespace, name.local))
+    if name.domain != "persistent":
+        local = COMPANION_SEPARATOR.join(("", name.domain, local))
+    return f"persistent://{watermark_namespace(namespace)}/{local}"
+
+
+def is_watermark_topic(topic: str, namespace: str | None = None) -> bool:
+    """Whether `topic` is a companion topic, or an old `<topic>__watermarks` one (the generator follows neither)."""
+    base = base_topic_and_partition(topic)[0]
+    return TopicName.parse(base).tenant_namespace == watermark_namespace(namespace) or base.endswith(
+        LEGACY_WATERMARK_SUFFIX
+    )

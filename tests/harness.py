@@ -19,13 +19,23 @@ from pathlib import Path
 from devtools.local_cluster import PULSAR_VERSION, LocalCluster, free_port, wait_for_admin
 from pulsar_access.settings import PulsarSettings
 
+GENERATOR_LISTENER = "generator"
+"""The broker's second advertised listener, on a port where nothing listens until a test starts a proxy
+there (`tests/loopback_proxy.py`): a client with `listener_name="generator"` reaches the broker only
+through that proxy, lookups included, so a test can cut that one client off."""
+
 
 @dataclass(frozen=True)
 class RunningPulsar:
-    """The session's broker; `restart` stops and starts it (only for the local standalone we started)."""
+    """The session's broker; `restart` stops and starts it, `kill` is a `kill -9` (and `start` starts it
+    again on the same data), and `generator_listener_port` is where the `generator` listener points
+    (only for the local standalone we started)."""
 
     settings: PulsarSettings
     restart: Callable[[], None] | None = None
+    kill: Callable[[], None] | None = None
+    start: Callable[[], None] | None = None
+    generator_listener_port: int | None = None
 
 
 def docker_engine_available() -> bool:
@@ -58,12 +68,18 @@ def _docker_pulsar() -> Iterator[PulsarSettings]:
 
 @contextlib.contextmanager
 def _local_pulsar(state_dir: Path) -> Iterator[RunningPulsar]:
+    broker_port, listener_port = free_port(), free_port()
     cluster = LocalCluster(
         state_dir=state_dir,
-        broker_port=free_port(),
+        broker_port=broker_port,
         web_port=free_port(),
         bookie_port=free_port(),
         with_generator=False,
+        extra_broker_config={
+            "advertisedListeners": f"internal:pulsar://127.0.0.1:{broker_port},"
+            f"{GENERATOR_LISTENER}:pulsar://127.0.0.1:{listener_port}",
+            "internalListenerName": "internal",
+        },
     )
     cluster.up()
 
@@ -72,7 +88,10 @@ def _local_pulsar(state_dir: Path) -> Iterator[RunningPulsar]:
         cluster.up()
 
     try:
-        yield RunningPulsar(PulsarSettings(cluster.service_url, cluster.admin_url), restart)
+        yield RunningPulsar(
+            PulsarSettings(cluster.service_url, cluster.admin_url), restart, cluster.kill_broker, cluster.up,
+            listener_port,
+        )  # fmt: skip
     finally:
         cluster.down()
 

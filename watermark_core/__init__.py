@@ -29,7 +29,7 @@ from watermark_core.protocol import (
     position_of,
     table_key,
 )
-from watermark_core.snapshot import Snapshot, decode_snapshot, encode_snapshot
+from watermark_core.snapshot import Snapshot, SnapshotKeys, decode_snapshot, encode_snapshot
 from watermark_core.state import (
     PendingMarker,
     ProducerRecord,
@@ -51,6 +51,7 @@ __all__ = [
     "Position",
     "ProducerRecord",
     "Snapshot",
+    "SnapshotKeys",
     "Watermark",
     "WatermarkConfig",
     "WatermarkEvent",

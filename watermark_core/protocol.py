@@ -147,6 +147,11 @@ def is_marker(properties: Mapping[str, str]) -> bool:
     return MARKER_PROPERTY in properties
 
 
+def unpack(payload: object) -> dict[str, Any]:
+    """The versioned msgpack map of a payload; `MalformedMarker` for anything else (what every decoder starts with)."""
+    return _unpack(payload)
+
+
 def _unpack(payload: object) -> dict[str, Any]:
     """A versioned msgpack map; unknown keys are kept (and ignored by readers) for forward compatibility."""
     if not isinstance(payload, bytes | bytearray | memoryview):

@@ -3,15 +3,24 @@
 A snapshot states the full `WatermarkState` at a position (pending transactions included), so a
 restart, a new subscription or a seek starts from the nearest one instead of the topic's start.
 Each snapshot names where the previous one of its partition is (`previous`): the snapshots form a
-chain that a reader walks back to the nearest one before any position. Only records written by
-a generator are trusted (`is_generator_snapshot`); anything else is skipped like a malformed marker.
-Pure: no I/O.
+chain that a reader walks back to the nearest one before any position.
+
+Only generators can write a snapshot that a generator restores from. Any role that may produce on
+a data topic can write a W_SNAPSHOT under the generator's producer name (Pulsar binds no producer
+name to a role), so a record is trusted only if it is written under a generator's producer name
+(`is_generator_snapshot`) *and* carries an HMAC-SHA256, with a key only generator instances hold
+(`SnapshotKeys`), over its exact bytes, which name the partition it was written to. A record that
+fails this (unsigned, another key, copied from another topic) is skipped like a malformed marker,
+with reason "bad-signature". Pure: no I/O; the keys are passed in.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from watermark_core.protocol import (
@@ -23,8 +32,91 @@ from watermark_core.protocol import (
     MarkerKind,
     Position,
     pack,
+    unpack,
 )
 from watermark_core.state import PendingKey, PendingMarker, ProducerRecord, WatermarkConfig, WatermarkState
+
+SNAPSHOT_KEY_MIN_BYTES = 16
+"""The shortest key accepted: 128 bits. `make cluster-up` writes 32 random bytes, hex-encoded."""
+BAD_SIGNATURE = "bad-signature"
+"""The `MalformedMarker` reason (and metric label) of a snapshot no generator key vouches for."""
+_MAC_CONTEXT = b"pulsar-watermarks W_SNAPSHOT\x00"
+"""Prefixed to what is signed, so the key signs nothing else by accident."""
+
+
+def _key_id(key: bytes) -> str:
+    """A short public name of a key, for logs: which key signed a snapshot, which keys a generator holds."""
+    return hashlib.sha256(b"pulsar-watermarks key id\x00" + key).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class SnapshotKeys:
+    """The keys generator instances share: the first signs, every one verifies (so a key can be rotated).
+
+    Never printed: `repr` shows only the keys' ids.
+    """
+
+    keys: tuple[bytes, ...] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise ValueError("a snapshot key is needed")
+        for key in self.keys:
+            if len(key) < SNAPSHOT_KEY_MIN_BYTES:
+                raise ValueError(
+                    f"a snapshot key must have at least {SNAPSHOT_KEY_MIN_BYTES} bytes, got {len(key)}; create one "
+                    "with: python -c 'import secrets; print(secrets.token_hex(32))'"
+                )
+
+    @classmethod
+    def from_text(cls, text: str) -> SnapshotKeys:
+        """One key per non-empty line (surrounding blanks dropped), the signing key first; the keys are the
+        lines' UTF-8 bytes."""
+        return cls(tuple(line.strip().encode() for line in text.splitlines() if line.strip()))
+
+    @classmethod
+    def random(cls) -> SnapshotKeys:
+        """A key of this process alone: its snapshots verify for itself only (see docs/SECURITY.md)."""
+        return cls((secrets.token_hex(32).encode(),))
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(_key_id(key) for key in self.keys)
+
+    def __repr__(self) -> str:
+        return f"SnapshotKeys(ids={list(self.ids)})"
+
+    def seal(self, signed: bytes) -> bytes:
+        """The W_SNAPSHOT payload around `signed` (the exact bytes the MAC covers)."""
+        key = self.keys[0]
+        return pack({"signed": signed, "key": _key_id(key), "mac": _mac(key, signed)})
+
+    def unseal(self, body: Mapping[str, Any], topic: str) -> dict[str, Any]:
+        """The signed map inside a W_SNAPSHOT payload's map `body`, if one of our keys signed it for `topic`.
+
+        `MalformedMarker("bad-signature")` otherwise: unsigned, signed with a key we do not hold,
+        changed since, or signed for another partition (a genuine snapshot copied elsewhere).
+        """
+        signed, mac = body.get("signed"), body.get("mac")
+        if not isinstance(signed, bytes) or not isinstance(mac, bytes):
+            raise MalformedMarker(BAD_SIGNATURE, "the snapshot is not signed by a generator")
+        if not any(hmac.compare_digest(_mac(key, signed), mac) for key in self.keys):
+            claimed = str(body.get("key"))[:40]
+            raise MalformedMarker(
+                BAD_SIGNATURE,
+                f"no key of this generator (ids {', '.join(self.ids)}) signed it (it names key {claimed!r}): forged, "
+                "or written with a key that was rotated out",
+            )
+        inner = unpack(signed)
+        if inner.get("topic") != topic:
+            raise MalformedMarker(
+                BAD_SIGNATURE, f"signed for {str(inner.get('topic'))[:200]!r}, read on {topic!r}: copied from elsewhere"
+            )
+        return inner
+
+
+def _mac(key: bytes, signed: bytes) -> bytes:
+    return hmac.new(key, _MAC_CONTEXT + signed, hashlib.sha256).digest()
 
 
 @dataclass(frozen=True)
@@ -42,12 +134,14 @@ class Snapshot:
         return self.state.position
 
 
-def encode_snapshot(state: WatermarkState, previous: Position | None = None) -> bytes:
-    """The W_SNAPSHOT payload for `state`, naming the position of the partition's previous snapshot."""
-    body: dict[str, Any] = {"state": state_to_dict(state)}
+def encode_snapshot(
+    state: WatermarkState, previous: Position | None = None, *, keys: SnapshotKeys, topic: str
+) -> bytes:
+    """The signed W_SNAPSHOT payload for `state` on partition `topic`, naming the partition's previous snapshot."""
+    body: dict[str, Any] = {"topic": topic, "state": state_to_dict(state)}
     if previous is not None:
         body["previous"] = list(previous)
-    return pack(body)
+    return keys.seal(pack(body))
 
 
 def is_generator_snapshot(marker: Marker) -> bool:
@@ -55,18 +149,23 @@ def is_generator_snapshot(marker: Marker) -> bool:
     return marker.kind is MarkerKind.W_SNAPSHOT and marker.producer.startswith(SNAPSHOT_PRODUCER_PREFIX)
 
 
-def decode_snapshot(marker: Marker, config: WatermarkConfig | None = None) -> Snapshot:
-    """The snapshot a W_SNAPSHOT marker carries; MalformedMarker ("bad-snapshot") for anything else.
+def decode_snapshot(
+    marker: Marker, config: WatermarkConfig | None = None, *, keys: SnapshotKeys, topic: str
+) -> Snapshot:
+    """The snapshot a W_SNAPSHOT marker read on partition `topic` carries, if `keys` vouch for it.
 
-    `config`, when given, replaces the recorded one: the state so far was computed with the
-    recorded configuration, the markers after it are folded with `config`.
+    MalformedMarker "bad-signature" for a record no key of ours signed for `topic`, "bad-snapshot"
+    (or a decoding reason) for a signed one that is not a snapshot. `config`, when given, replaces
+    the recorded one: the state so far was computed with the recorded configuration, the markers
+    after it are folded with `config`.
     """
     if marker.kind is not MarkerKind.W_SNAPSHOT or marker.body is None:
         raise _bad(f"a {marker.kind} marker is not a snapshot")
-    state = state_from_dict(_map(marker.body.get("state"), "state"), config)
+    body = keys.unseal(marker.body, topic)
+    state = state_from_dict(_map(body.get("state"), "state"), config)
     if state.position is None:
         raise _bad("a snapshot must state its position")
-    return Snapshot(state, marker.position, _previous_from(marker.body.get("previous")))
+    return Snapshot(state, marker.position, _previous_from(body.get("previous")))
 
 
 def state_to_dict(state: WatermarkState) -> dict[str, Any]:

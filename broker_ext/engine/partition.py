@@ -513,7 +513,7 @@ class PartitionEngine:
         if not is_generator_snapshot(marker):
             return None
         try:
-            return decode_snapshot(marker, self.config.watermark)
+            return decode_snapshot(marker, self.config.watermark, keys=self.config.snapshot_keys, topic=self.topic)
         except MalformedMarker as exc:  # e.g. written by an incompatible version: never fatal, just not used
             out.append(UnusableSnapshot(marker.position, exc.reason))
             if exc.reason not in self._malformed_logged:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from watermark_core.protocol import Marker, Position, WatermarkEvent
+from watermark_core.snapshot import SnapshotKeys
 from watermark_core.state import WatermarkConfig, WatermarkState
 
 AdminPosition = tuple[int, int]
@@ -236,6 +237,8 @@ class EngineConfig:
 
     watermark: WatermarkConfig = field(default_factory=WatermarkConfig)
     """What every fold of the partition's markers uses (producer and transaction timeouts)."""
+    snapshot_keys: SnapshotKeys = field(default_factory=SnapshotKeys.random)
+    """Verify the snapshots restored from (the shell signs with the same keys); docs/SECURITY.md."""
     snapshot_interval_messages: int = 1_000
     snapshot_interval_s: float = 10.0
     takeover_idle_s: float = 0.2

@@ -1,9 +1,11 @@
 """`make chaos`: many randomized fault scenarios on a real local cluster; prints what it injected and found.
 
-    python -m tests.chaos [--scenarios 200] [--seed N] [--only SEED] [--restart-share 0.04] [--record]
+    python -m tests.chaos [--scenarios 200] [--seed N] [--only SEED] [--restart-share 0.04] [--kill-share 0.03]
+                          [--cut-share 0.04] [--record]
 
-Uses the cluster named by PULSAR_SERVICE_URL (then without broker restarts), else starts its own
-standalone broker on free ports. Exit code 1 if any violation was found; each one names the seed
+Uses the cluster named by PULSAR_SERVICE_URL (then without broker restarts, kills or generator cuts),
+else starts its own standalone broker on free ports, the generators reaching it through a loopback
+proxy that a cut stalls. Exit code 1 if any violation was found; each one names the seed
 that reproduces its scenario (`--only SEED`).
 """
 
@@ -29,9 +31,10 @@ from pathlib import Path
 from pulsar_access.admin import PulsarAdmin
 from tests.chaos import oracle
 from tests.chaos.checker import Violation
-from tests.chaos.plan import RESTART_SHARE, plan_scenario
+from tests.chaos.plan import CUT_SHARE, KILL_SHARE, RESTART_SHARE, plan_scenario
 from tests.chaos.scenario import Cluster, ScenarioResult, run_scenario, suite_client
-from tests.harness import real_pulsar
+from tests.harness import GENERATOR_LISTENER, RunningPulsar, real_pulsar
+from tests.loopback_proxy import GeneratorLink
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "chaos.json"
@@ -43,14 +46,29 @@ def say(message: str) -> None:
 
 @contextlib.contextmanager
 def chaos_cluster(work: Path, keep_history: bool = True) -> Iterator[Cluster]:
-    with real_pulsar(work / "pulsar") as running:
-        client = suite_client(running.settings, work)
-        admin = PulsarAdmin(running.settings)
-        try:
-            yield Cluster(running.settings, client, admin, work, running.restart, keep_history=keep_history)
-        finally:
-            client.close()
-            admin.close()
+    with real_pulsar(work / "pulsar") as running, cluster_on(running, work, keep_history) as cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
+def cluster_on(running: RunningPulsar, work: Path, keep_history: bool = True) -> Iterator[Cluster]:
+    """The suite's view of a running broker: clients, and what it may break (restart, kill, the generators' link)."""
+    client = suite_client(running.settings, work)
+    admin = PulsarAdmin(running.settings)
+    link = (
+        GeneratorLink.start(running.settings, running.generator_listener_port, GENERATOR_LISTENER)
+        if running.generator_listener_port else None
+    )  # fmt: skip
+    try:
+        yield Cluster(
+            running.settings, client, admin, work, running.restart, keep_history=keep_history,
+            kill_broker=running.kill, start_broker=running.start, generator_link=link,
+        )  # fmt: skip
+    finally:
+        client.close()
+        admin.close()
+        if link is not None:
+            link.close()
 
 
 def run_many(
@@ -61,6 +79,8 @@ def run_many(
     deadline_s: float | None = None,
     verbose: bool = False,
     restart_share: float = RESTART_SHARE,
+    kill_share: float = KILL_SHARE,
+    cut_share: float = CUT_SHARE,
 ) -> list[ScenarioResult]:
     """Run the scenarios of `seeds` (`parallel` at a time) in one namespace, printing a line for each.
 
@@ -78,7 +98,11 @@ def run_many(
     def one(seed: int) -> ScenarioResult | None:
         if deadline_s is not None and time.monotonic() - started > deadline_s:
             return None
-        plan = plan_scenario(seed, broker_restarts=cluster.restart_broker is not None, restart_share=restart_share)
+        plan = plan_scenario(
+            seed, broker_restarts=cluster.restart_broker is not None, restart_share=restart_share,
+            kill_share=kill_share if cluster.kill_broker is not None else 0.0, cut_share=cut_share,
+            generator_cuts=cluster.generator_link is not None,
+        )  # fmt: skip
         try:
             result = run_scenario(cluster, plan, namespace)
         except Exception as exc:  # the suite itself failing is a finding too; go on with the others
@@ -139,6 +163,14 @@ def main(argv: list[str] | None = None) -> int:
         "--restart-share", type=float, default=RESTART_SHARE,
         help=f"share of scenarios that restart the broker (default {RESTART_SHARE}; 1 stresses restarts)",
     )  # fmt: skip
+    parser.add_argument(
+        "--kill-share", type=float, default=KILL_SHARE,
+        help=f"share of scenarios that kill -9 the broker (default {KILL_SHARE})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cut-share", type=float, default=CUT_SHARE,
+        help=f"share of scenarios that cut the generator off from the broker (default {CUT_SHARE})",
+    )  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting scenarios after this long")
     parser.add_argument(
         "--no-retention", action="store_true",
@@ -165,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             say("broker restarts off: the cluster is not one this run started")
         results = run_many(
             cluster, seeds, parallel=args.parallel, deadline_s=args.budget_s, verbose=args.verbose,
-            restart_share=args.restart_share,
+            restart_share=args.restart_share, kill_share=args.kill_share, cut_share=args.cut_share,
         )  # fmt: skip
     totals = summary(results, time.monotonic() - started)
     say(

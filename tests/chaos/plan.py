@@ -16,6 +16,8 @@ class FaultKind(StrEnum):
     CRASH_CONSUMER = "crash consumer"
     SEEK_BACK = "seek subscription back"
     RESTART_BROKER = "restart broker"
+    KILL_BROKER = "kill -9 broker"
+    CUT_GENERATOR = "cut generator off"
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +26,8 @@ class Fault:
     """Seconds after the producers start; faults run one after another, never overlapping."""
     kind: FaultKind
     target: int
-    """Which subscription (seek) or consumer slot (crash); unused otherwise."""
+    """Which subscription (seek) or consumer slot (crash); for a cut, 1 if the connections are reset when it
+    heals (0: they survive it); unused otherwise."""
     down_s: float
     """How long the killed or crashed part stays away before it comes back."""
 
@@ -66,6 +69,12 @@ class ScenarioPlan:
 
 RESTART_SHARE = 0.04
 """The share of scenarios that restart the broker: each restart costs 10-40 s."""
+KILL_SHARE = 0.03
+"""The share of scenarios that `kill -9` the broker (and start it again on the same data)."""
+CUT_SHARE = 0.04
+"""The share of scenarios that cut the generator off from the broker for `CUT_S` seconds."""
+CUT_S = (12.0, 35.0)
+"""Longer than the generator's client operation and admin timeouts (10 s), sometimes past a keep-alive (30 s)."""
 
 
 def plan_scenario(
@@ -73,13 +82,17 @@ def plan_scenario(
     *,
     broker_restarts: bool = True,
     restart_share: float = RESTART_SHARE,
+    kill_share: float = KILL_SHARE,
+    cut_share: float = CUT_SHARE,
+    generator_cuts: bool = True,
     min_faults: int = 6,
     max_faults: int = 8,
 ) -> ScenarioPlan:
     """The plan of `seed`: the same seed and options give the same plan.
 
     `restart_share` is the chance that one of the faults is a broker restart; the producers and
-    subscriptions do not depend on it (the fault schedule does).
+    subscriptions do not depend on it (the fault schedule does). `kill_share` and `cut_share` add
+    the hard faults (`with_hard_faults`) without changing any other draw of the plan.
     """
     rng = random.Random(seed)
     producers = tuple(
@@ -112,6 +125,9 @@ def plan_scenario(
         )
         for at, kind in zip(times, chosen, strict=True)
     )
+    faults = with_hard_faults(
+        seed, faults, kill_share=kill_share if broker_restarts else 0.0, cut_share=cut_share if generator_cuts else 0.0
+    )
     return ScenarioPlan(
         seed=seed,
         producers=producers,
@@ -120,3 +136,27 @@ def plan_scenario(
         send_interval_s=rng.choice([0.005, 0.01, 0.02]),
         max_processing_delay_s=rng.choice([0.0, 0.002, 0.01]),
     )
+
+
+def with_hard_faults(
+    seed: int, faults: tuple[Fault, ...], *, kill_share: float, cut_share: float
+) -> tuple[Fault, ...]:
+    """`faults` with, at the chance of each share, one fault replaced by a `kill -9` of the broker and one by a
+    cut of the generator (`CUT_S` seconds, then the connections survive or are reset).
+
+    Drawn from a generator of their own, so a plan without them is the plan the seed always gave; a
+    broker restart is never replaced.
+    """
+    rng = random.Random(seed * 1_000_003 + 15)
+    faults_list = list(faults)
+    for kind, share in ((FaultKind.KILL_BROKER, kill_share), (FaultKind.CUT_GENERATOR, cut_share)):
+        hit, where = rng.random() < share, rng.random()
+        down_s, reset = round(rng.uniform(*CUT_S), 1), rng.randrange(2)
+        replaceable = [
+            i for i, f in enumerate(faults_list) if f.kind not in (FaultKind.RESTART_BROKER, FaultKind.KILL_BROKER)
+        ]
+        if hit and replaceable:
+            index = replaceable[int(where * len(replaceable))]
+            cut = kind is FaultKind.CUT_GENERATOR
+            faults_list[index] = Fault(faults_list[index].at_s, kind, reset if cut else 0, down_s if cut else 0.0)
+    return tuple(faults_list)

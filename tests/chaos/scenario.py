@@ -28,10 +28,12 @@ from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.settings import PulsarSettings
 from tests.chaos.checker import Delivery, InstanceLog, Violation, WatermarkSeen, check_final, check_subscription
+from tests.chaos.crashes import forgive_lost_acknowledgements
 from tests.chaos.oracle import judge_scenario
 from tests.chaos.plan import Fault, FaultKind, ProducerPlan, ScenarioPlan
 from tests.integration.generator_process import GeneratorProcess
 from tests.integration.helpers import watermark_table_reader
+from tests.loopback_proxy import GeneratorLink
 from tests.oracle import OracleReport
 from watermark_core.protocol import decode_table
 
@@ -63,6 +65,13 @@ class Cluster:
     broker_lock: threading.Lock = field(default_factory=threading.Lock)
     keep_history: bool = True
     """The suite's namespace keeps every message (retention), and the oracle judges every scenario."""
+    kill_broker: Callable[[], None] | None = None
+    """`kill -9` of the broker; None where we cannot. `start_broker` starts it again on the same data."""
+    start_broker: Callable[[], None] | None = None
+    broker_kills: list[float] = field(default_factory=list)
+    """When the broker was killed (monotonic): every scenario running then lived through it."""
+    generator_link: GeneratorLink | None = None
+    """The generators' route to the broker through proxies a cut stalls; None: they connect directly."""
 
     def new_client(self) -> pulsar.Client:
         """A client of its own, as a separate consumer process would have."""
@@ -146,9 +155,11 @@ class Scenario:
         self.plan = plan
         self.rng = random.Random(plan.seed * 7919 + 1)
         self.topic = f"persistent://{namespace}/chaos-{plan.seed}-{uuid.uuid4().hex[:6]}"
+        link = cluster.generator_link
         self.generator = GeneratorProcess(
-            cluster.settings, cluster.log_dir / f"generator-{plan.seed}.log", f"chaos-{plan.seed}",
-            log_level="DEBUG", WM_TOPICS=self.topic, WM_NAMESPACES="",
+            link.settings if link else cluster.settings, cluster.log_dir / f"generator-{plan.seed}.log",
+            f"chaos-{plan.seed}", log_level="DEBUG", WM_TOPICS=self.topic, WM_NAMESPACES="",
+            **(link.environment if link else {}),
         )  # fmt: skip
         self.logs: list[InstanceLog] = []
         self.live: dict[tuple[int, int], Instance] = {}
@@ -291,7 +302,41 @@ class Scenario:
                 return
             with self.cluster.broker_lock:
                 self.cluster.restart_broker()
+        elif fault.kind is FaultKind.KILL_BROKER:
+            if not self.kill_broker():
+                return
+        elif fault.kind is FaultKind.CUT_GENERATOR and not self.cut_generator(fault):
+            return
         self.faults[fault.kind.value] += 1
+
+    def kill_broker(self) -> bool:
+        """`kill -9` of the broker while the producers send: no shutdown, no flush; then a start on its data."""
+        if self.cluster.kill_broker is None or self.cluster.start_broker is None:
+            return False
+        with self.cluster.broker_lock:
+            self.cluster.kill_broker()
+            self.cluster.broker_kills.append(time.monotonic())
+            self.cluster.start_broker()
+        return True
+
+    def cut_generator(self, fault: Fault) -> bool:
+        """Cut the generator off from the broker (its binary protocol and admin API) for `fault.down_s`, longer
+        than its timeouts, while the producers and consumers carry on; then heal it, with the held connections
+        flowing again or reset (`fault.target`)."""
+        link = self.cluster.generator_link
+        if link is None:
+            return False
+        with link.lock:
+            held = link.stall()
+            try:
+                time.sleep(fault.down_s)
+                if fault.target:
+                    link.reset()
+            finally:
+                link.resume()
+        healed = "reset" if fault.target else "resumed"
+        self.notes.append(f"generator cut off for {fault.down_s:.1f} s ({held} connections held), then {healed}")
+        return True
 
     def seek_back(self, index: int, down_s: float) -> bool:
         """Close the subscription's consumers, seek it back, wait for the recomputed watermark, reopen."""
@@ -445,7 +490,9 @@ class Scenario:
             time.sleep(0.1)
         for sub in self.plan.subscriptions:
             logs = [entry for entry in self.logs if entry.subscription == sub.name]
-            self.violations += check_subscription(sub.name, logs, self.sent, {p.name for p in self.plan.producers})
+            self.violations += check_subscription(
+                sub.name, self.after_broker_kills(sub.name, logs), self.sent, {p.name for p in self.plan.producers}
+            )
             names = {entry.name for entry in logs}
             self.violations += check_final(
                 sub.name, final, {n: t for n, t in reached.items() if n in names}, FINAL_BOUND_S
@@ -465,6 +512,17 @@ class Scenario:
                 log.exception("the oracle failed on %s", self.topic)
             self.phases["oracle"] = time.monotonic() - judging
         return max((t for t in reached.values() if t is not None), default=0.0)
+
+    def after_broker_kills(self, subscription: str, logs: list[InstanceLog]) -> list[InstanceLog]:
+        """The logs as the checks must see them after broker kills (tests/chaos/crashes.py), saying what was dropped."""
+        forgiven = forgive_lost_acknowledgements(logs, self.cluster.broker_kills)
+        if forgiven.duplicates or forgiven.lowered_watermarks:
+            self.notes.append(
+                f"{subscription}: after a broker kill -9, {forgiven.duplicates} deliveries of acknowledged messages "
+                f"again and {forgiven.lowered_watermarks} watermarks below the one seen before (acknowledgements the "
+                "broker had not persisted)"
+            )
+        return forgiven.logs
 
     def keep_evidence(self) -> Path:
         """Copy the generator's log and what every listener saw to FAILURES/<seed> (the work dir is temporary)."""

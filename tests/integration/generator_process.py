@@ -17,7 +17,9 @@ FAST = {
     "WM_SNAPSHOT_INTERVAL_S": "1",
     "WM_SNAPSHOT_INTERVAL_MESSAGES": "50",
     "WM_METRICS_PORT": "0",
+    "WM_SNAPSHOT_KEY": "the-test-generators-shared-snapshot-key",
 }
+"""Every test generator shares one snapshot key, as the instances of one deployment do."""
 
 
 class GeneratorProcess:

@@ -1,9 +1,12 @@
-"""Security on a real broker: token authentication and authorization, and producer identity.
+"""Security on a real broker: token authentication and authorization, who can move a watermark, and
+producer identity.
 
 One extra standalone broker for the module, started like `make cluster-up AUTH=token` (its own
 free ports and state directory), with the generator running under its own role and only the
-permissions that `make cluster-up AUTH=token` grants it. The identity test runs on the session's
-ordinary broker.
+permissions that `make cluster-up AUTH=token` grants it. The attacker is the sample application
+role `client` (produce and consume on public/default, consume on the watermark namespace); each
+attack asserts what the victim's consumer (and once a Spark query) sees afterwards. The test of
+names in payloads runs on the session's ordinary broker.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,9 +23,11 @@ from pathlib import Path
 import msgpack
 import pulsar
 import pytest
+import requests
 
 from broker_ext.status import latest_events
-from consumer import WatermarkConsumer
+from consumer import Watermark, WatermarkConsumer
+from consumer.watermark_feed import WatermarkFeed
 from devtools.local_cluster import LocalCluster, free_port
 from producer import WatermarkProducer
 from pulsar_access.admin import AdminError, PulsarAdmin
@@ -34,9 +40,20 @@ from pulsar_access.auth_tokens import (
     create_token,
 )
 from pulsar_access.settings import PulsarSettings
+from pulsar_access.topics import full_name, watermark_namespace, watermark_topic_for
 from tests.integration.generator_process import GeneratorProcess
 from tests.integration.helpers import Recorder, wait_until, watermarks
-from watermark_core.protocol import MARKER_PROPERTY, MarkerKind
+from watermark_core.protocol import (
+    EVENT_PROPERTY,
+    MARKER_PROPERTY,
+    SEND_WATERMARK,
+    SNAPSHOT_PRODUCER_PREFIX,
+    MarkerKind,
+    WatermarkEvent,
+    encode_table,
+)
+from watermark_core.snapshot import SnapshotKeys, encode_snapshot, state_to_dict
+from watermark_core.state import ProducerRecord, WatermarkConfig, WatermarkState
 
 pyspark = pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession  # noqa: E402
@@ -44,12 +61,15 @@ from pyspark.sql import SparkSession  # noqa: E402
 import spark_sink  # noqa: E402
 
 BASE = 1_700_000_000_000
+FORGED = 9_999_999_999_999
+"""The event time every attack tries to make a victim's subscription see."""
 
 
 @dataclass
 class AuthCluster:
     cluster: LocalCluster
     generator: GeneratorProcess
+    metrics_port: int
 
     def token_file(self, role: str) -> Path:
         return self.cluster.tokens.token_file(role)
@@ -75,13 +95,15 @@ def auth_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthClust
         with_generator=False, auth="token",
     )  # fmt: skip
     cluster.up()  # writes the tokens and grants the generator and client roles their permissions
+    metrics_port = free_port()
     generator = GeneratorProcess(
         PulsarSettings(cluster.service_url, cluster.admin_url), state / "generator.log", "auth-generator",
         PULSAR_AUTH_TOKEN="", PULSAR_AUTH_TOKEN_FILE=str(cluster.tokens.token_file(GENERATOR_ROLE)),
+        WM_SNAPSHOT_KEY="", WM_SNAPSHOT_KEY_FILE=str(cluster.ensure_snapshot_key()), WM_METRICS_PORT=str(metrics_port),
     )  # fmt: skip
     generator.start()
     try:
-        yield AuthCluster(cluster, generator)
+        yield AuthCluster(cluster, generator, metrics_port)
     finally:
         generator.stop()
         cluster.down()
@@ -123,10 +145,15 @@ def test_with_the_client_token_messages_flow_and_the_generator_with_least_permis
     admin = PulsarAdmin(auth_cluster.settings(ADMIN_ROLE))
     try:
         granted = admin.namespace_permissions(DEFAULT_NAMESPACE)
+        tables = admin.namespace_permissions(watermark_namespace())
     finally:
         admin.close()
     assert sorted(granted[GENERATOR_ROLE]) == sorted(GENERATOR_ACTIONS) == ["consume", "produce"]
     assert sorted(granted[CLIENT_ROLE]) == ["consume", "produce"]
+    # the watermark tables: only the generator's role may write them, the application may read them
+    assert {role: sorted(actions) for role, actions in tables.items()} == {
+        GENERATOR_ROLE: ["consume", "produce"], CLIENT_ROLE: ["consume"],
+    }  # fmt: skip
 
     # the generator did its work with those permissions alone: only compaction (tenant admin) was refused
     def refused() -> list[str]:
@@ -236,6 +263,8 @@ def test_the_spark_source_and_sink_work_with_the_authToken_option(
     for second in range(3):
         producer.send(f"e{second}".encode(), partition_key="k", event_timestamp=BASE + second * 1000)
     producer.new_watermark().event_time(BASE + 5_000).send()
+    # the attacker, before the query starts: a table for the query's subscription where consumers used to read
+    _forge_legacy_table(client, topic, "spark")
     connection = {
         "serviceUrl": auth_cluster.cluster.service_url,
         "adminUrl": auth_cluster.cluster.admin_url,
@@ -254,8 +283,10 @@ def test_the_spark_source_and_sink_work_with_the_authToken_option(
     finally:
         query.stop()
     assert sorted(downstream.messages()) == [b"e0", b"e1", b"e2"]  # type: ignore[type-var]
-    # the sink's W_SET (written with the token) reached the downstream consumer through the generator
+    # the sink's W_SET (written with the token) reached the downstream consumer through the generator; the
+    # query's watermark came from the generator's table, not from the forged one (which would give FORGED)
     assert BASE <= watermarks(downstream)[-1] <= BASE + 5_000
+    assert FORGED not in watermarks(downstream)
     consumer.close()
     producer.close()
 
@@ -269,6 +300,192 @@ def test_the_spark_source_and_sink_work_with_the_authToken_option(
         failing.awaitTermination(60)
     failing.stop()
     assert "PULSAR_AUTH_TOKEN" in str(error.value)
+
+
+# -- who can move a watermark: the client role attacks another application's subscription ----------------
+
+
+def _forged_table(topic: str, subscription: str) -> bytes:
+    """A SendWatermark table as the generator would write it, saying the subscription is at FORGED."""
+    event = WatermarkEvent(full_name(topic), -1, subscription, FORGED, (2**40, 0), 2**62, {"mallory": FORGED})
+    return encode_table([event])
+
+
+def _forge_legacy_table(client: pulsar.Client, topic: str, subscription: str) -> None:
+    """Write a forged table to `<topic>__watermarks`, where consumers read before issue #15: the client role
+    may produce there (produce on public/default), under any producer name."""
+    forger = client.create_producer(f"{full_name(topic)}__watermarks", producer_name="__wm_dispatch-x-0")
+    forger.send(_forged_table(topic, subscription), partition_key="-1", properties={EVENT_PROPERTY: SEND_WATERMARK})
+    forger.close()
+
+
+def test_a_forged_watermark_table_changes_nothing_that_consumers_or_status_see(
+    auth_cluster: AuthCluster, client: pulsar.Client, watermarked_topic: tuple[str, Recorder]
+) -> None:
+    topic, recorder = watermarked_topic
+    _forge_legacy_table(client, topic, "app")  # accepted by the broker, read by no one
+    # the tables' own place: the client role may read there, never write, whatever the producer name
+    for name in (None, "__wm_dispatch-auth-generator-0"):
+        with pytest.raises(pulsar.AuthorizationError):
+            client.create_producer(watermark_topic_for(topic), producer_name=name)
+    with pytest.raises(pulsar.AuthorizationError):  # nor any other topic of that namespace
+        client.create_producer(f"persistent://{watermark_namespace()}/public~default~mallory")
+
+    time.sleep(3.0)  # the finding of issue #15: the forged value arrived within two seconds
+    assert watermarks(recorder) == [BASE]
+    feed = WatermarkFeed(client, topic, "app", lambda _w: None)  # what a consumer attaching now starts from
+    try:
+        assert feed.current == Watermark(BASE)
+    finally:
+        feed.close()
+    assert latest_events(client, topic)[(-1, "app")].event_time == BASE  # what `broker-ext status` shows
+    status = subprocess.run(
+        [sys.executable, "-m", "broker_ext.cli", "status", topic],
+        env=auth_cluster.env(auth_cluster.token_file(CLIENT_ROLE)), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert status.returncode == 0 and str(FORGED) not in status.stdout, status.stdout + status.stderr
+
+
+def _read_all(client: pulsar.Client, topic: str) -> list[pulsar.Message]:
+    """Everything on a topic, as a role with consume reads it."""
+    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+    messages = []
+    try:
+        while reader.has_message_available():
+            messages.append(reader.read_next(timeout_millis=5_000))
+    finally:
+        reader.close()
+    return messages
+
+
+def _generator_snapshot_of(client: pulsar.Client, topic: str, producer: str, event_time: int) -> bytes | None:
+    """The payload of a genuine W_SNAPSHOT on `topic` whose (readable, signed) state has `producer` at `event_time`."""
+    for message in reversed(_read_all(client, topic)):
+        if message.properties().get(MARKER_PROPERTY) != MarkerKind.W_SNAPSHOT.value:
+            continue
+        signed = msgpack.unpackb(msgpack.unpackb(message.data())["signed"])
+        if signed["state"]["producers"].get(producer, {}).get("event_time") == event_time:
+            return bytes(message.data())
+    return None
+
+
+def _metric(port: int, name: str, **labels: str) -> float:
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_snapshots_written_under_the_generators_name_are_skipped_when_a_generator_starts_from_them(
+    auth_cluster: AuthCluster, client: pulsar.Client
+) -> None:
+    """A generator that takes a partition over starts from the first snapshot after its cursor; before
+    signatures, a W_SNAPSHOT that anyone wrote under the generator's name prefix was that snapshot."""
+    topic, own = _topic("snap-victim"), _topic("snap-mallory")
+    # a genuine, signed snapshot of a state with 'alice' at FORGED: the attacker has the generator write one on
+    # a topic of its own, where it may produce, and reads it back (consume)
+    decoy = WatermarkProducer(client, own, producer_name="alice")
+    decoy.new_watermark().event_time(FORGED).send()
+    decoy.send(b"x", event_timestamp=FORGED)
+    genuine: list[bytes] = []
+    wait_until(lambda: genuine.append(_generator_snapshot_of(client, own, "alice", FORGED) or b"") or genuine[-1],
+               timeout_s=30, what="the generator's snapshot on the attacker's topic")  # fmt: skip
+    decoy.close()
+
+    # the victim's topic while no generator follows it yet (deployed later, or dead: kill -9)
+    auth_cluster.generator.kill()
+    recorder = Recorder()
+    consumer = WatermarkConsumer(client, topic, "app", listener=recorder)
+    alice = WatermarkProducer(client, topic, producer_name="alice")
+    alice.new_watermark().event_time(BASE).send()
+    alice.send(b"one", event_timestamp=BASE)
+    wait_until(lambda: recorder.messages() == [b"one"], timeout_s=30, what="the victim's first message")
+    last = _read_all(client, topic)[-1].message_id()
+    forged_state = WatermarkState(
+        config=WatermarkConfig(60_000, 60_000), position=(last.ledger_id(), last.entry_id(), -1), clock=BASE,
+        watermark=FORGED, producers={"alice": ProducerRecord(FORGED, False, BASE)}, pending_txns={},
+    )  # fmt: skip
+    forger = client.create_producer(topic, producer_name=f"{SNAPSHOT_PRODUCER_PREFIX}mallory", batching_enabled=False)
+    forgeries = [
+        msgpack.packb({"v": 1, "state": state_to_dict(forged_state)}),  # the format before signatures
+        encode_snapshot(  # signed, with a key of the attacker's own
+            forged_state, keys=SnapshotKeys.from_text("mallorys-own-key-0123456789"), topic=full_name(topic)
+        ),
+        genuine[-1],  # signed with the generators' key, for another topic
+    ]
+    for payload in forgeries:
+        forger.send(payload, properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value})
+    forger.close()
+
+    auth_cluster.generator.start()  # it starts from the log: the three forgeries are the snapshots it finds
+    wait_until(lambda: watermarks(recorder), timeout_s=60, what="the victim's watermark")
+    assert watermarks(recorder) == [BASE]  # before signatures: [FORGED], from the unsigned forgery
+    generator_name = f"{SNAPSHOT_PRODUCER_PREFIX}{auth_cluster.generator.instance_id}"
+    stats = PulsarAdmin(auth_cluster.settings(CLIENT_ROLE))  # GET_STATS: any role with produce or consume
+    try:
+        wait_until(lambda: generator_name in {p["producerName"] for p in stats.topic_stats(topic)["publishers"]},
+                   timeout_s=30, what="the generator's snapshot producer")  # fmt: skip
+    finally:
+        stats.close()
+    with pytest.raises(pulsar.ProducerBusy):  # the live generator's own name is taken; its prefix is not
+        client.create_producer(topic, producer_name=generator_name)
+    alice.new_watermark().event_time(BASE + 1_000).send()
+    alice.send(b"two", event_timestamp=BASE + 1_000)
+    wait_until(lambda: BASE + 1_000 in watermarks(recorder), timeout_s=60, what="the victim's next watermark")
+    time.sleep(1.0)
+    assert watermarks(recorder) == [BASE, BASE + 1_000]  # never FORGED
+    assert recorder.messages() == [b"one", b"two"]
+    skipped = _metric(auth_cluster.metrics_port, "wm_malformed_markers_total", reason="bad-signature")
+    assert skipped >= len(forgeries), skipped  # each skipped and counted like a malformed marker
+    log = auth_cluster.generator.log_text()
+    assert "skipping unusable snapshot" in log and "bad-signature" in log
+    consumer.close()
+    alice.close()
+
+
+def test_a_w_set_under_the_name_of_a_disconnected_producer_moves_its_watermark_a_documented_limit(
+    auth_cluster: AuthCluster, client: pulsar.Client
+) -> None:
+    """Pulsar binds no producer name to a role (docs/SECURITY.md, "Producer identity"): a live producer's
+    name is refused, a free one is anyone's with produce on the topic. Topic-level grants keep roles apart."""
+    topic = _topic("identity")
+    recorder = Recorder()
+    consumer = WatermarkConsumer(client, topic, "app", listener=recorder)
+    alice = WatermarkProducer(client, topic, producer_name="alice")
+    alice.new_watermark().event_time(BASE).send()
+    alice.send(b"one", event_timestamp=BASE)
+    wait_until(lambda: BASE in watermarks(recorder), timeout_s=30, what="alice's watermark")
+    with pytest.raises(pulsar.ProducerBusy):  # while alice is connected, her name is hers
+        client.create_producer(topic, producer_name="alice")
+
+    alice.close(idle=False)  # gone without W_IDLE (a crash): her name is free
+    mallory = client.create_producer(topic, producer_name="alice", batching_enabled=False)
+    _raw_marker(mallory, MarkerKind.W_SET, {"event_time": FORGED})
+    mallory.send(b"from mallory", event_timestamp=FORGED)
+    wait_until(lambda: FORGED in watermarks(recorder), timeout_s=30, what="the limit: mallory speaking as alice")
+    mallory.close()
+
+    # the mitigation: an application role granted produce on its own topic only cannot write this one at all
+    key = auth_cluster.cluster.tokens.secret_key_file.read_bytes()
+    own = _topic("app-b-own")
+    admin = PulsarAdmin(auth_cluster.settings(ADMIN_ROLE))
+    try:
+        admin.create_topic(own)
+        admin.grant_topic_permission(own, "app-b", ["produce", "consume"])
+    finally:
+        admin.close()
+    app_b = PulsarSettings(
+        auth_cluster.cluster.service_url, auth_cluster.cluster.admin_url, create_token(key, "app-b")
+    ).client(operation_timeout_seconds=10)
+    try:
+        app_b.create_producer(own, producer_name="alice").close()
+        with pytest.raises(pulsar.AuthorizationError):
+            app_b.create_producer(topic, producer_name="alice")
+    finally:
+        app_b.close()
+    consumer.close()
 
 
 # -- producer identity, on the session's ordinary broker ------------------------------------------------

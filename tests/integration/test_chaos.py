@@ -8,10 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from pulsar_access.admin import PulsarAdmin
-from tests.chaos.__main__ import run_many, summary
-from tests.chaos.plan import FaultKind
+from tests.chaos.__main__ import cluster_on, run_many, summary
+from tests.chaos.plan import FaultKind, plan_scenario
 from tests.chaos.scenario import Cluster, suite_client
 from tests.harness import RunningPulsar
+
+HARD_FAULTS = {FaultKind.KILL_BROKER, FaultKind.CUT_GENERATOR}
 
 SHORT_SET = [131, 2, 3]
 """Seed 131 draws every kind of fault, the broker restart included (late in its run)."""
@@ -41,3 +43,21 @@ def test_short_fault_injection_set_finds_no_violation(
     assert int(str(totals["oracle_checked"])) > 0
     assert totals["oracle_premature"] == 0
     assert totals["oracle_stuck"] == 0
+
+
+def test_a_broker_killed_with_sigkill_and_a_generator_cut_off_lose_nothing_and_publish_nothing_premature(
+    pulsar_broker: RunningPulsar, tmp_path: Path
+) -> None:
+    """One scenario with a `kill -9` of the broker and a cut of the generator's connections (through the
+    loopback proxy) past its timeouts, among the usual faults; the checker finds no violation."""
+    seed = 5
+    assert {f.kind for f in plan_scenario(seed, kill_share=1.0, cut_share=1.0).faults} >= HARD_FAULTS
+    with cluster_on(pulsar_broker, tmp_path) as cluster:
+        assert cluster.kill_broker is not None and cluster.start_broker is not None
+        assert cluster.generator_link is not None
+        results = run_many(cluster, [seed], kill_share=1.0, cut_share=1.0)
+    violations = [f"seed {r.seed}: {v}" for r in results for v in r.violations]
+    assert violations == []
+    assert results[0].faults[FaultKind.KILL_BROKER.value] == 1
+    assert results[0].faults[FaultKind.CUT_GENERATOR.value] == 1
+    assert results[0].messages > 0

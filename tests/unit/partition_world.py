@@ -109,7 +109,8 @@ class World:
         return self._append(producer=producer, event_time=event_time)
 
     def snapshot_record(self, state: WatermarkState, previous: Position | None, producer: str) -> Position:
-        return self._append(marker=(MarkerKind.W_SNAPSHOT, producer, encode_snapshot(state, previous)))
+        payload = encode_snapshot(state, previous, keys=self.config.snapshot_keys, topic=TOPIC)
+        return self._append(marker=(MarkerKind.W_SNAPSHOT, producer, payload))
 
     def roll(self) -> int:
         """A new ledger (Pulsar rolls them over by size, time, or a broker restart)."""

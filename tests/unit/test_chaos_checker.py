@@ -13,7 +13,8 @@ from tests.chaos.checker import (
     check_premature,
     check_subscription,
 )
-from tests.chaos.plan import FaultKind, plan_scenario
+from tests.chaos.crashes import forgive_lost_acknowledgements
+from tests.chaos.plan import CUT_S, FaultKind, plan_scenario
 
 
 def instance(name: str, events: list[Delivery | WatermarkSeen], started: float = 0.0, epoch: int = 0) -> InstanceLog:
@@ -83,3 +84,58 @@ def test_a_restart_share_of_one_restarts_the_broker_in_every_scenario_with_the_s
         usual = plan_scenario(seed)
         assert (plan.producers, plan.subscriptions) == (usual.producers, usual.subscriptions)
     assert sum(any(f.kind is FaultKind.RESTART_BROKER for f in plan_scenario(s).faults) for s in range(200)) < 20
+
+
+def test_hard_faults_replace_one_fault_each_and_change_nothing_else() -> None:
+    for seed in range(50):
+        plain = plan_scenario(seed, kill_share=0.0, cut_share=0.0)
+        hard = plan_scenario(seed, kill_share=1.0, cut_share=1.0)
+        assert not {f.kind for f in plain.faults} & {FaultKind.KILL_BROKER, FaultKind.CUT_GENERATOR}
+        assert (hard.producers, hard.subscriptions) == (plain.producers, plain.subscriptions)
+        assert [f.at_s for f in hard.faults] == [f.at_s for f in plain.faults]
+        changed = [(a, b) for a, b in zip(plain.faults, hard.faults, strict=True) if a != b]
+        assert {b.kind for _, b in changed} <= {FaultKind.KILL_BROKER, FaultKind.CUT_GENERATOR}
+        assert sum(f.kind is FaultKind.KILL_BROKER for f in hard.faults) == 1
+        assert sum(f.kind is FaultKind.CUT_GENERATOR for f in hard.faults) == 1
+        assert all(a.kind is not FaultKind.RESTART_BROKER for a, _ in changed)
+        for cut in (f for f in hard.faults if f.kind is FaultKind.CUT_GENERATOR):
+            assert CUT_S[0] <= cut.down_s <= CUT_S[1] and cut.target in (0, 1)
+    assert all(sum(f.kind is FaultKind.CUT_GENERATOR for f in plan_scenario(s, cut_share=1.0).faults) == 1
+               for s in range(50))  # fmt: skip
+    no_cuts = plan_scenario(3, cut_share=1.0, generator_cuts=False)
+    assert not any(f.kind is FaultKind.CUT_GENERATOR for f in no_cuts.faults)
+    no_kills = plan_scenario(3, kill_share=1.0, broker_restarts=False)
+    assert not any(f.kind is FaultKind.KILL_BROKER for f in no_kills.faults)
+
+
+# -- after a broker kill -9 (tests/chaos/crashes.py) ------------------------------------------------------
+
+
+def test_after_a_broker_kill_duplicates_of_acknowledged_messages_and_the_way_back_are_forgiven() -> None:
+    """Seed 7019: the broker forgot acknowledgements, redelivered p1:41 after watermark 64 and recomputed 18."""
+    before = instance("c1", [WatermarkSeen(10, 0.1), Delivery("p1:41", "p1", 50, 1.0), WatermarkSeen(64, 1.2)])
+    before.acknowledged = {"p1:41"}
+    survivor = instance("c2", [
+        WatermarkSeen(64, 1.3), Delivery("p1:41", "p1", 50, 37.0),  # a duplicate, after the kill at 5.0
+        WatermarkSeen(18, 38.0), WatermarkSeen(60, 38.5), Delivery("p1:70", "p1", 70, 38.6), WatermarkSeen(64, 39.0),
+        WatermarkSeen(90, 40.0),
+    ])  # fmt: skip
+    survivor.acknowledged = {"p1:41", "p1:70"}
+    later = instance("c3", [WatermarkSeen(18, 39.5), WatermarkSeen(90, 40.0)], started=39.4)
+    logs = [before, survivor, later]
+    assert check_subscription("sub", logs, ["p1:41", "p1:70"], {"p1"})  # as it was: violations
+    forgiven = forgive_lost_acknowledgements(logs, [5.0])
+    assert check_subscription("sub", forgiven.logs, ["p1:41", "p1:70"], {"p1"}) == []
+    assert (forgiven.duplicates, forgiven.lowered_watermarks) == (1, 3)
+    assert forgive_lost_acknowledgements(logs, []).logs == logs
+
+
+def test_after_a_broker_kill_an_unacknowledged_message_below_the_watermark_is_still_premature() -> None:
+    log = instance("c1", [
+        WatermarkSeen(64, 1.0), Delivery("p1:1", "p1", 70, 1.1),
+        Delivery("p1:2", "p1", 50, 37.0),  # never acknowledged before the kill: a real premature watermark
+        WatermarkSeen(18, 38.0), WatermarkSeen(100, 39.0), WatermarkSeen(80, 40.0),  # back up, then down again
+    ])  # fmt: skip
+    log.acknowledged = {"p1:1", "p1:2"}
+    found = check_subscription("sub", forgive_lost_acknowledgements([log], [5.0]).logs, ["p1:1", "p1:2"], {"p1"})
+    assert sorted(v.check for v in found) == ["premature-watermark", "watermark-went-back"]

@@ -39,7 +39,14 @@ from watermark_core.protocol import (
     encode_txn_commit,
     pack,
 )
-from watermark_core.snapshot import decode_snapshot, encode_snapshot, state_from_dict, state_to_dict
+from watermark_core.snapshot import (
+    BAD_SIGNATURE,
+    SnapshotKeys,
+    decode_snapshot,
+    encode_snapshot,
+    state_from_dict,
+    state_to_dict,
+)
 from watermark_core.state import WatermarkConfig, WatermarkState
 
 pytestmark = pytest.mark.unit
@@ -51,6 +58,9 @@ FUZZ = settings(
 )
 
 MARKER_REASONS = {"bad-kind", "bad-payload", "bad-msgpack", "bad-version", "bad-field"}
+KEYS = SnapshotKeys.from_text("the-fuzzed-generators-key-0001")
+SNAPSHOT_TOPIC = "persistent://public/default/fuzz-partition-0"
+"""Where the fuzzed snapshots are written and read: what their signature names."""
 KINDS = [k.value for k in MarkerKind]
 
 
@@ -112,7 +122,8 @@ def valid_marker_payloads(draw: st.DrawFn) -> tuple[str, bytes]:
     if kind is MarkerKind.W_IDLE:
         return kind.value, encode_idle(txn)
     if kind is MarkerKind.W_SNAPSHOT:
-        return kind.value, encode_snapshot(WatermarkState.initial(), draw(st.none() | st.just((1, 2, -1))))
+        previous = draw(st.none() | st.just((1, 2, -1)))
+        return kind.value, encode_snapshot(WatermarkState.initial(), previous, keys=KEYS, topic=SNAPSHOT_TOPIC)
     encode = encode_txn_commit if kind is MarkerKind.W_TXN_COMMIT else encode_txn_abort
     return kind.value, encode(txn or "a")
 
@@ -282,7 +293,9 @@ def hostile_logs(draw: st.DrawFn) -> tuple[WatermarkConfig, list[Message]]:
         elif what == "snapshot":
             properties[MARKER_PROPERTY] = "W_SNAPSHOT"
             producer = draw(st.sampled_from([GENERATOR, producer]))
-            payload = pack({"state": draw(VALUES.filter(lambda v: isinstance(v, dict)) | st.just({"v": 1}))})
+            state = draw(VALUES.filter(lambda v: isinstance(v, dict)) | st.just({"v": 1}))
+            body = pack({"topic": SNAPSHOT_TOPIC, "state": state})
+            payload = KEYS.seal(body) if draw(st.booleans()) else body  # signed (a generator's) or forged
         elif what == "bad":
             properties[MARKER_PROPERTY] = draw(PROPERTY_VALUES)
             payload = draw(PAYLOAD_OBJECTS)
@@ -319,9 +332,9 @@ def feed(config: WatermarkConfig, messages: list[Message]) -> Fed:
             continue
         if marker.kind is MarkerKind.W_SNAPSHOT and marker.producer == GENERATOR:
             try:  # as the generator indexes a trusted snapshot: restorable or skipped
-                decode_snapshot(marker, config)
+                decode_snapshot(marker, config, keys=KEYS, topic=SNAPSHOT_TOPIC)
             except MalformedMarker as exc:
-                assert exc.reason == "bad-snapshot"
+                assert exc.reason in ("bad-snapshot", BAD_SIGNATURE) or exc.reason in MARKER_REASONS
                 fed.unusable_snapshots += 1
         state = state.apply(marker)
         fed.states.append(state)
@@ -331,7 +344,7 @@ def feed(config: WatermarkConfig, messages: list[Message]) -> Fed:
 
 def assert_consistent(state: WatermarkState) -> None:
     """The invariants of every folded state (what `from_dict` checks, and more)."""
-    again = decode_snapshot_payload(encode_snapshot(state))
+    again = decode_snapshot_payload(encode_snapshot(state, keys=KEYS, topic=SNAPSHOT_TOPIC))
     assert again == state and state_to_dict(again) == state_to_dict(state)
     if state.clock is None:
         assert state.watermark is None and not state.producers and not state.pending_txns
@@ -351,10 +364,10 @@ def assert_consistent(state: WatermarkState) -> None:
 
 
 def decode_snapshot_payload(payload: bytes) -> WatermarkState:
-    """The state a W_SNAPSHOT payload carries (also one without a position, as the initial state has)."""
+    """The state a signed W_SNAPSHOT payload carries (also one without a position, as the initial state has)."""
     marker = decode_marker({MARKER_PROPERTY: "W_SNAPSHOT"}, payload, GENERATOR, (9, 9, -1), 0)
     assert marker is not None and marker.body is not None
-    return state_from_dict(marker.body.get("state"))  # type: ignore[arg-type]
+    return state_from_dict(KEYS.unseal(marker.body, SNAPSHOT_TOPIC).get("state"))  # type: ignore[arg-type]
 
 
 @FUZZ
@@ -398,7 +411,7 @@ def test_restoring_from_any_snapshot_of_a_hostile_log_resumes_the_same_fold(
     fed = feed(config, messages)
     assume(fed.applied)
     cut = data.draw(st.integers(0, len(fed.applied)))
-    restored = decode_snapshot_payload(encode_snapshot(fed.states[cut]))
+    restored = decode_snapshot_payload(encode_snapshot(fed.states[cut], keys=KEYS, topic=SNAPSHOT_TOPIC))
     for marker, expected in zip(fed.applied[cut:], fed.states[cut + 1 :], strict=True):
         restored = restored.apply(marker)
         assert restored == expected
@@ -409,11 +422,12 @@ def test_restoring_from_any_snapshot_of_a_hostile_log_resumes_the_same_fold(
 
 @st.composite
 def corrupted_snapshots(draw: st.DrawFn) -> Any:
-    """A real state's to_dict() payload, corrupted as bytes; or the state map with one value of another type."""
+    """A real state's to_dict() payload, corrupted as bytes and then signed (a generator's bug, not a forgery: those
+    stop at the signature); or the state map with one value of another type."""
     config, messages = draw(hostile_logs())
     state = state_to_dict(feed(config, messages).states[-1])
     if draw(st.booleans()):
-        return draw(mutated(pack({"state": state})))
+        return KEYS.seal(draw(mutated(pack({"topic": SNAPSHOT_TOPIC, "state": state}))))
     key = draw(st.sampled_from(sorted(state)))
     state[key] = draw(VALUES | st.builds(datetime.datetime.fromtimestamp, st.integers(0, 2**31)))
     return state
@@ -421,11 +435,11 @@ def corrupted_snapshots(draw: st.DrawFn) -> Any:
 
 # Found by this test: a snapshot holding a transaction already past the recorded txn_timeout_ms (which no
 # fold can produce: the fold drops it at once) was accepted by from_dict.
-EXPIRED_PENDING = pack({"state": {
+EXPIRED_PENDING = KEYS.seal(pack({"topic": SNAPSHOT_TOPIC, "state": {
     "v": 1, "config": {"producer_timeout_ms": 256, "txn_timeout_ms": 128}, "position": [1, 2, -1], "clock": 256,
     "watermark": 0, "producers": {"p1": {"event_time": 0, "idle": False, "last_seen": 256}},
     "pending": [{"producer": "p1", "txn": "a", "kind": "W_SET", "event_time": 0, "started": 0}],
-}})  # fmt: skip
+}}))  # fmt: skip
 
 
 @FUZZ
@@ -435,6 +449,6 @@ def test_a_corrupted_snapshot_is_restored_exactly_or_rejected_as_bad_snapshot(sn
     try:
         restored = state_from_dict(snapshot) if isinstance(snapshot, dict) else decode_snapshot_payload(snapshot)
     except MalformedMarker as exc:
-        assert exc.reason in MARKER_REASONS | {"bad-snapshot"}
+        assert exc.reason in MARKER_REASONS | {"bad-snapshot", BAD_SIGNATURE}
         return
     assert_consistent(restored)

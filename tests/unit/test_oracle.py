@@ -11,7 +11,7 @@ from watermark_core.protocol import (
     encode_txn_commit,
     entry_end,
 )
-from watermark_core.snapshot import encode_snapshot
+from watermark_core.snapshot import SnapshotKeys, encode_snapshot
 from watermark_core.state import WatermarkConfig, WatermarkState
 
 TOPIC = "persistent://public/default/t"
@@ -57,7 +57,8 @@ def test_malformed_markers_and_snapshots_change_nothing_and_a_message_read_again
     marker(fold, "W_SET", b"\xc1 not msgpack", "a", 2)
     marker(fold, "W_BOGUS", b"\x80", "a", 3)
     claims_999 = WatermarkState(position=(7, 3, -1), clock=0, watermark=999)  # only the fold of the log counts
-    marker(fold, "W_SNAPSHOT", encode_snapshot(claims_999), "__wm_generator-x", 4)
+    signed = encode_snapshot(claims_999, keys=SnapshotKeys.random(), topic="t")
+    marker(fold, "W_SNAPSHOT", signed, "__wm_generator-x", 4)
     marker(fold, "W_SET", encode_set(50), "a", 1)  # a redelivery of entry 1: already read
     assert fold.watermark_at(entry_end(7, 4)) == 100
     assert fold.markers == 1

@@ -526,7 +526,7 @@ def test_broken_assertions_and_unusable_snapshots_are_reported_and_skipped() -> 
     position = world._append(marker=(MarkerKind.W_SNAPSHOT, "__wm_generator-x", encode_set(1)))
     world.settle()
     assert of(world, BrokenAssertion) == [BrokenAssertion("A", 50, late)]
-    assert of(world, UnusableSnapshot) == [UnusableSnapshot(position, "bad-snapshot")]
+    assert of(world, UnusableSnapshot) == [UnusableSnapshot(position, "bad-signature")]  # not signed by a generator
     assert MarkerFolded(position) in world.commands
 
 

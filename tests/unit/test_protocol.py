@@ -6,6 +6,8 @@ from typing import Any
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pulsar_access.topics import base_topic_and_partition, is_watermark_topic, watermark_topic_for
 from watermark_core.protocol import (
@@ -211,19 +213,49 @@ def test_entry_end_is_after_every_message_of_the_entry_and_before_the_next() -> 
 # -- topic names and events ------------------------------------------------------------------------------
 
 
+WM = "persistent://public/__watermarks"
+
+
 @pytest.mark.parametrize(
     ("topic", "companion"),
     [
-        ("my-topic", "persistent://public/default/my-topic__watermarks"),
-        ("my-topic-partition-0", "persistent://public/default/my-topic__watermarks"),
-        ("t/n/x", "persistent://t/n/x__watermarks"),
-        ("persistent://t/n/x-partition-3", "persistent://t/n/x__watermarks"),
-        ("persistent://t/n/x-partition-x", "persistent://t/n/x-partition-x__watermarks"),
-        ("non-persistent://t/n/x", "non-persistent://t/n/x__watermarks"),
+        ("my-topic", f"{WM}/public~default~my-topic"),
+        ("my-topic-partition-0", f"{WM}/public~default~my-topic"),
+        ("t/n/x", f"{WM}/t~n~x"),
+        ("persistent://t/n/x-partition-3", f"{WM}/t~n~x"),
+        ("persistent://t/n/x-partition-x", f"{WM}/t~n~x-partition-x"),
+        ("persistent://t.a/n.b/x~y.z", f"{WM}/t.a~n.b~x~y.z"),
+        ("non-persistent://t/n/x", f"{WM}/~non-persistent~t~n~x"),
     ],
 )
-def test_watermark_topic_for(topic: str, companion: str) -> None:
+def test_the_companion_topic_is_in_the_watermark_namespace_and_names_tenant_namespace_and_topic(
+    topic: str, companion: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("WM_WATERMARK_NAMESPACE", raising=False)
     assert watermark_topic_for(topic) == companion
+
+
+def test_the_watermark_namespace_comes_from_the_argument_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WM_WATERMARK_NAMESPACE", "wm-system/tables")
+    assert watermark_topic_for("x") == "persistent://wm-system/tables/public~default~x"
+    assert watermark_topic_for("x", "other/ns") == "persistent://other/ns/public~default~x"
+    for bad in ("public", "a/b/c", "a/b~c", "a/"):
+        monkeypatch.setenv("WM_WATERMARK_NAMESPACE", bad)
+        with pytest.raises(ValueError, match=r"WM_WATERMARK_NAMESPACE .* must be 'tenant/namespace'"):
+            watermark_topic_for("x")
+
+
+# tenant and namespace names as Pulsar allows them ([-=:.\w]+), local names with '~' and '/'-free junk
+_ENTITY = st.from_regex(r"[-=:.a-z0-9_]{1,6}", fullmatch=True)
+_LOCAL = st.from_regex(r"[-=:.a-z0-9_~]{1,8}", fullmatch=True).filter(lambda s: "-partition-" not in s)
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["persistent", "non-persistent"]), _ENTITY, _ENTITY, _LOCAL), max_size=8))
+def test_two_data_topics_never_share_a_companion(names: list[tuple[str, str, str, str]]) -> None:
+    topics = {f"{d}://{t}/{n}/{x}" for d, t, n, x in names}
+    companions = {watermark_topic_for(topic, "public/__watermarks") for topic in topics}
+    assert len(companions) == len(topics)
 
 
 @pytest.mark.parametrize("topic", ["", "a/b", "a/b/c/d", "t//x"])
@@ -238,10 +270,13 @@ def test_base_topic_and_partition() -> None:
     assert base_topic_and_partition("persistent://t/n/x-partition-0") == ("persistent://t/n/x", 0)
 
 
-def test_is_watermark_topic() -> None:
-    assert is_watermark_topic("persistent://public/default/x__watermarks")
+def test_is_watermark_topic(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WM_WATERMARK_NAMESPACE", raising=False)
+    assert is_watermark_topic("persistent://public/default/x__watermarks")  # the old place: never followed either
     assert is_watermark_topic("x__watermarks-partition-2")
     assert is_watermark_topic(watermark_topic_for("y"))
+    assert is_watermark_topic("persistent://public/__watermarks/anything")
+    assert is_watermark_topic("persistent://o/n/y", "o/n")
     assert not is_watermark_topic("persistent://public/default/x")
     assert not is_watermark_topic("x__watermarks_not")
 

@@ -9,7 +9,7 @@ import msgpack
 import pytest
 
 from watermark_core.protocol import MalformedMarker, Marker, MarkerKind, decode_marker, position_of
-from watermark_core.snapshot import decode_snapshot, encode_snapshot, state_from_dict, state_to_dict
+from watermark_core.snapshot import SnapshotKeys, decode_snapshot, encode_snapshot, state_from_dict, state_to_dict
 from watermark_core.state import (
     PendingMarker,
     ProducerRecord,
@@ -440,9 +440,11 @@ def test_to_dict_is_msgpack_able_and_round_trips_exactly() -> None:
 
 def test_a_snapshot_marker_carries_the_state() -> None:
     state = busy_state()
-    marker = decode_marker({"wm.marker": "W_SNAPSHOT"}, encode_snapshot(state), "g", (2, 0, -1), 5)
+    keys, topic = SnapshotKeys.from_text("the-generators-key-in-test-state"), "persistent://public/default/t"
+    payload = encode_snapshot(state, keys=keys, topic=topic)
+    marker = decode_marker({"wm.marker": "W_SNAPSHOT"}, payload, "g", (2, 0, -1), 5)
     assert marker is not None
-    assert decode_snapshot(marker).state == state
+    assert decode_snapshot(marker, keys=keys, topic=topic).state == state
 
 
 def test_to_dict_layout() -> None:

@@ -34,7 +34,7 @@ from watermark_core.protocol import (
     encode_txn_abort,
     encode_txn_commit,
 )
-from watermark_core.snapshot import encode_snapshot, state_from_dict, state_to_dict
+from watermark_core.snapshot import SnapshotKeys, encode_snapshot, state_from_dict, state_to_dict
 from watermark_core.state import PendingMarker, WatermarkConfig, WatermarkState
 
 pytestmark = pytest.mark.unit
@@ -43,6 +43,8 @@ RELAXED = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, H
 """Folds are quadratic in property 1 and timing varies on shared machines: no deadline."""
 
 PRODUCERS = ("p1", "p2", "p3")
+KEYS = SnapshotKeys.from_text("the-generators-key-for-properties")
+SNAPSHOT_TOPIC = "persistent://public/default/properties"
 TXNS = ("a", "b")
 KINDS = (MarkerKind.W_SET,) * 4 + (
     MarkerKind.W_IDLE,
@@ -116,9 +118,10 @@ def fold(markers: Sequence[Marker], start: WatermarkState) -> list[WatermarkStat
 
 def through_snapshot(state: WatermarkState) -> WatermarkState:
     """What a reader restores from the W_SNAPSHOT record of `state`, bytes and all."""
-    marker = decode_marker({MARKER_PROPERTY: "W_SNAPSHOT"}, encode_snapshot(state), "g", (9, 9, -1), 0)
+    payload = encode_snapshot(state, keys=KEYS, topic=SNAPSHOT_TOPIC)
+    marker = decode_marker({MARKER_PROPERTY: "W_SNAPSHOT"}, payload, "g", (9, 9, -1), 0)
     assert marker is not None and marker.body is not None
-    return state_from_dict(marker.body["state"])
+    return state_from_dict(KEYS.unseal(marker.body, SNAPSHOT_TOPIC)["state"])
 
 
 # -- 1. snapshots restore exactly ------------------------------------------------------------------------
@@ -387,7 +390,7 @@ def encoded_markers(draw: st.DrawFn) -> tuple[Marker, bytes]:
         return replace(marker, txn=txn), encode_idle(txn)
     if kind is MarkerKind.W_SNAPSHOT:
         state = fold(at_positions(draw(random_markers(max_size=8))), WatermarkState.initial())[-1]
-        payload = encode_snapshot(state)
+        payload = encode_snapshot(state, keys=KEYS, topic=SNAPSHOT_TOPIC)
         return replace(marker, body=msgpack.unpackb(payload)), payload
     txn = draw(st.text(min_size=1, max_size=8))
     encode = encode_txn_commit if kind is MarkerKind.W_TXN_COMMIT else encode_txn_abort
@@ -404,7 +407,8 @@ def test_encode_then_decode_round_trips(case: tuple[Marker, bytes]) -> None:
     assert decoded == marker
     assert decoded is not None
     if decoded.body is not None:
-        assert state_to_dict(state_from_dict(decoded.body["state"])) == decoded.body["state"]
+        signed = KEYS.unseal(decoded.body, SNAPSHOT_TOPIC)
+        assert state_to_dict(state_from_dict(signed["state"])) == signed["state"]
 
 
 @RELAXED
