@@ -41,7 +41,7 @@ class WatermarkDispatcher:
         self._compaction_refused = False
         self._lock = threading.Lock()
 
-    def _ensure_namespace(self) -> None:
+    def ensure_namespace(self) -> None:
         """Create the watermark namespace where the broker lets us (a cluster without authorization).
 
         With authorization only an admin may create it (`make cluster-up` does, and grants produce
@@ -67,7 +67,7 @@ class WatermarkDispatcher:
         self._namespace_checked = True
 
     def _producer(self, companion: str) -> pulsar.Producer:
-        self._ensure_namespace()
+        self.ensure_namespace()
         with self._lock:
             producer = self._producers.get(companion)
             if producer is None:

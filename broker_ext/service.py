@@ -114,6 +114,7 @@ class GeneratorService:
         warn_about_snapshot_key(self.config)
         while not self._stop.is_set():
             try:
+                self.dispatcher.ensure_namespace()  # once it succeeds: consumers may read the tables' topics
                 self.sync_workers()
             except AdminError as exc:
                 self._discovery_failed(exc)
