@@ -85,7 +85,7 @@ class WatermarkDispatcher:
             return
         self._send(companion, table)
 
-    def _ensure_namespace(self) -> None:
+    def ensure_namespace(self) -> None:
         """Create the watermark namespace where the broker lets us (a cluster without authorization).
 
         With authorization only an admin may create it (`make cluster-up` does, and grants produce
@@ -112,7 +112,7 @@ class WatermarkDispatcher:
 
     def _create(self, companion: Companion, producer_name: str) -> None:
         try:
-            self._ensure_namespace()
+            self.ensure_namespace()
             producer = self._client.create_producer(
                 companion.topic, producer_name=producer_name, batching_enabled=False
             )

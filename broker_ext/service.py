@@ -153,6 +153,7 @@ class GeneratorService:
         self.loop.start()
         while not self._stop.is_set():
             try:
+                self.dispatcher.ensure_namespace()  # once it succeeds: consumers may read the tables' topics
                 self.sync_partitions()
             except AdminError as exc:
                 self._discovery_failed(exc)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import pulsar
 
+from pulsar_access.errors import explained, service_url_of
 from pulsar_access.topics import base_topic_and_partition, watermark_topic_for
 from watermark_core.protocol import MalformedMarker, Watermark, WatermarkEvent, decode_table
 
@@ -53,9 +54,9 @@ class WatermarkFeed:
         self._current: Watermark | None = None
         self._lock = threading.Lock()
         self.malformed_events = 0
-        self._reader = client.create_reader(
-            watermark_topic_for(topic), pulsar.MessageId.earliest, is_read_compacted=True
-        )
+        companion = watermark_topic_for(topic)
+        with explained(service_url=service_url_of(client), topic=companion, doing="read the watermarks from"):
+            self._reader = client.create_reader(companion, pulsar.MessageId.earliest, is_read_compacted=True)
         self._stop = threading.Event()
         self._caught_up = False
         self._catch_up()

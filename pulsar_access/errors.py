@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from pulsar_access.topics import TOPIC_FORMS, namespace_of
+from pulsar_access.topics import TOPIC_FORMS, is_watermark_topic, namespace_of
 
 SERVICE_URL_FIX = "start one with `make cluster-up` or set PULSAR_SERVICE_URL to the broker's pulsar://host:6650 URL"
 AUTH_FIX = "set PULSAR_AUTH_TOKEN or PULSAR_AUTH_TOKEN_FILE to a valid token"
@@ -78,6 +78,14 @@ def explain(
     elif kind in ("LookupError", "InvalidUrl"):
         fix = "check that PULSAR_SERVICE_URL is a broker's service URL (pulsar://host:6650 or http://host:8080)"
         message = f"the broker at {url} could not look up {topic or 'the topic'} ({kind}); {fix}"
+    elif kind == "TopicNotFound" and _is_watermark_table(topic):
+        namespace = namespace_of(topic or "")
+        fix = (
+            f"start the watermark generator (it creates the namespace where the broker lets it) or, as an admin, "
+            f"create it (pulsar-admin namespaces create {namespace}; docs/SECURITY.md), or set WM_WATERMARK_NAMESPACE "
+            "to the generator's"
+        )
+        message = f"the watermark namespace {namespace} of {topic} does not exist at {url} ({kind}); {fix}"
     elif kind == "TopicNotFound":
         namespace = namespace_of(topic or "")
         fix = (
@@ -93,9 +101,11 @@ def explain(
         message = f"the broker at {url} refused the client's credentials when trying to {what} ({kind}); {fix}"
     elif kind == "AuthorizationError":
         namespace = namespace_of(topic or "")
+        # an application reads the watermark tables and must never be granted produce there (docs/SECURITY.md)
+        actions = "consume" if _is_watermark_table(topic) else "produce,consume"
         fix = (
             f"grant the token's role the permission (pulsar-admin namespaces grant-permission {namespace} "
-            "--role ROLE --actions produce,consume) or set PULSAR_AUTH_TOKEN / PULSAR_AUTH_TOKEN_FILE to a token "
+            f"--role ROLE --actions {actions}) or set PULSAR_AUTH_TOKEN / PULSAR_AUTH_TOKEN_FILE to a token "
             "that has it"
         )
         message = f"the broker at {url} does not allow this client to {what} ({kind}); {fix}"
@@ -110,6 +120,14 @@ def explain(
     error = _explained_type(type(exc), unreachable)(message, service_url=service_url, fix=fix)
     error.__cause__ = exc
     return error
+
+
+def _is_watermark_table(topic: str | None) -> bool:
+    """Whether `topic` is a companion topic in the watermark namespace (where only the generator writes)."""
+    try:
+        return topic is not None and is_watermark_topic(topic)
+    except ValueError:
+        return False
 
 
 _EXPLAINED_TYPES: dict[tuple[type[BaseException], bool], type[PulsarClientError]] = {}

@@ -61,6 +61,20 @@ def test_each_client_error_is_one_line_naming_the_fix_and_stays_what_it_was(
     assert error.fix and error.fix in message
 
 
+def test_errors_on_the_watermark_tables_name_their_namespace_and_never_suggest_produce_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("WM_WATERMARK_NAMESPACE", raising=False)
+    tables = "persistent://public/__watermarks/acme~orders~created"
+    missing = explain(pulsar.TopicNotFound("Pulsar error: TopicNotFound"), service_url=URL, topic=tables)
+    assert missing is not None
+    assert "watermark namespace public/__watermarks" in str(missing) and "generator" in str(missing)
+    denied = explain(pulsar.AuthorizationError("Pulsar error: AuthorizationError"), service_url=URL, topic=tables)
+    assert denied is not None
+    assert "grant-permission public/__watermarks --role ROLE --actions consume)" in str(denied)
+    assert "produce" not in str(denied).split("--actions", 1)[1].split(")")[0]
+
+
 def test_a_broker_that_does_not_answer_is_also_a_connect_error() -> None:
     error = explain(pulsar.Timeout("Pulsar error: TimeOut"), service_url=URL)
     assert isinstance(error, pulsar.ConnectError) and isinstance(error, pulsar.Timeout)
