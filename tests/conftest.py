@@ -13,6 +13,7 @@ from pulsar_access.admin import PulsarAdmin
 from pulsar_access.settings import PulsarSettings
 from tests.harness import RunningPulsar, real_pulsar
 from tests.integration.generator_process import GeneratorProcess
+from tests.oracle import keep_watermark_history
 
 _HERE = Path(__file__).parent
 
@@ -77,4 +78,5 @@ def namespace(admin: PulsarAdmin) -> str:
     name = f"public/ns-{uuid.uuid4().hex[:10]}"
     admin.create_namespace(name)
     admin.set_namespace_retention(name)
+    keep_watermark_history(admin)
     return name

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import pulsar
 
 from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound, durable_subscriptions, mark_delete_of
-from pulsar_access.topics import full_name, partition_name, watermark_topic_for
+from pulsar_access.topics import full_name, partition_name, watermark_namespace, watermark_topic_for
 from watermark_core.protocol import (
     MalformedMarker,
     MarkerKind,
@@ -218,6 +218,12 @@ def judge_final(
 
 
 # -- the broker part: reading the log and the companion topic ------------------------------------------
+
+
+def keep_watermark_history(admin: PulsarAdmin) -> None:
+    """The watermark namespace (where companion topics live, docs/SECURITY.md) keeps everything, for the oracle."""
+    admin.create_namespace(watermark_namespace())
+    admin.set_namespace_retention(watermark_namespace())
 
 
 def keep_history(admin: PulsarAdmin, topic: str, partitions: int = 0) -> None:

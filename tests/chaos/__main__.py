@@ -35,6 +35,7 @@ from tests.chaos.plan import CUT_SHARE, KILL_SHARE, RESTART_SHARE, plan_scenario
 from tests.chaos.scenario import Cluster, ScenarioResult, run_scenario, suite_client
 from tests.harness import GENERATOR_LISTENER, RunningPulsar, real_pulsar
 from tests.loopback_proxy import GeneratorLink
+from tests.oracle import keep_watermark_history
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "chaos.json"
@@ -91,6 +92,7 @@ def run_many(
     cluster.admin.create_namespace(namespace)
     if cluster.keep_history:  # the oracle reads every scenario's whole log
         cluster.admin.set_namespace_retention(namespace)
+        keep_watermark_history(cluster.admin)
     results: list[ScenarioResult] = []
     started = time.monotonic()
     lock = threading.Lock()

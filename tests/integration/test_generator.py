@@ -536,7 +536,7 @@ def test_a_pending_watermark_transaction_survives_kill_9_of_the_generator(
                 while reader.has_message_available():
                     message = reader.read_next(timeout_millis=5_000)
                     if message.properties().get(MARKER_PROPERTY) == "W_SNAPSHOT":
-                        body = msgpack.unpackb(message.data())
+                        body = msgpack.unpackb(msgpack.unpackb(message.data())["signed"])  # a signed snapshot
                         if body["state"]["pending"]:
                             return True
                 return False
