@@ -1,8 +1,9 @@
-"""Publishes `SendWatermark` events to each topic's companion topic, through Pulsar itself.
+"""Publishes `SendWatermark` tables and `HeadWatermark` events to each topic's companion topic.
 
-Consumers read `<topic>__watermarks` with a compacted reader; the generator triggers compaction
-now and then so that a consumer that attaches finds the latest event of its subscription at once
-without reading the whole history.
+Consumers read the companion topic (`watermark_topic_for`) with a compacted reader; the generator
+triggers compaction now and then so that a consumer that attaches finds the latest table of each
+partition (key `<partition>`) and the latest head event (key `head-<partition>`) at once without
+reading the whole history.
 """
 
 from __future__ import annotations
@@ -16,7 +17,17 @@ import pulsar
 
 from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.topics import watermark_topic_for
-from watermark_core.protocol import EVENT_PROPERTY, SEND_WATERMARK, WatermarkEvent, encode_table, table_key
+from watermark_core.protocol import (
+    EVENT_PROPERTY,
+    HEAD_WATERMARK,
+    SEND_WATERMARK,
+    HeadWatermark,
+    WatermarkEvent,
+    encode_head,
+    encode_table,
+    head_key,
+    table_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +45,8 @@ class WatermarkDispatcher:
         self._producers: dict[str, pulsar.Producer] = {}
         self._since_compaction: dict[str, tuple[int, float]] = {}
         self._compaction_refused = False
+        self._head_failures = 0
+        self._head_failures_lock = threading.Lock()  # taken on the client's I/O thread: never held while blocking
         self._lock = threading.Lock()
 
     def _producer(self, companion: str) -> pulsar.Producer:
@@ -57,6 +70,37 @@ class WatermarkDispatcher:
             properties={EVENT_PROPERTY: SEND_WATERMARK},
         )
         self._maybe_compact(companion)
+
+    def publish_head(self, event: HeadWatermark) -> None:
+        """Send the watermark of a partition's head at a position, without waiting (never raises).
+
+        Best effort: a head event lets a reader (the Spark source) know the watermark at a position
+        before any subscription has acknowledged it; a lost one only delays that reader to the next
+        head event or to the SendWatermark table, which is published as before. The send is
+        asynchronous so that the partition's read loop does not wait for it; one producer per
+        companion topic keeps head events and tables in the order they were published.
+        """
+        try:
+            companion = watermark_topic_for(event.topic)
+            self._producer(companion).send_async(
+                encode_head(event),
+                self._head_sent,
+                partition_key=head_key(event.partition),
+                properties={EVENT_PROPERTY: HEAD_WATERMARK},
+            )
+        except Exception as exc:  # a broker away or a bad value: the read loop goes on
+            self._head_sent(exc, None)
+            return
+        self._maybe_compact(companion)
+
+    def _head_sent(self, result: object, _message_id: object) -> None:
+        if result == pulsar.Result.Ok:
+            return
+        with self._head_failures_lock:
+            self._head_failures += 1
+            first = self._head_failures == 1
+        if first:
+            log.warning("a HeadWatermark event was not published (%s); readers fall back to the tables", result)
 
     def _maybe_compact(self, companion: str) -> None:
         with self._lock:

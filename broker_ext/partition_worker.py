@@ -41,6 +41,7 @@ from watermark_core.protocol import (
     LAST_BATCH_INDEX,
     MARKER_PROPERTY,
     SNAPSHOT_PRODUCER_PREFIX,
+    HeadWatermark,
     MalformedMarker,
     Marker,
     MarkerKind,
@@ -314,10 +315,17 @@ class PartitionWorker:
     def _fold_head(self, marker: Marker) -> None:
         assert self.log is not None
         self.log.append(marker)
+        before = self.head.watermark
         self.head = self.head.apply(marker)
         self.ctx.metrics.markers_applied.labels(self.base_topic, str(self.partition)).inc()
         if marker.kind is MarkerKind.W_SNAPSHOT:
             self._index_snapshot(marker)
+        if self.owner and self.head.watermark is not None and self.head.watermark != before:
+            # The watermark at this marker's entry, for readers that need it before any subscription
+            # has acknowledged there (the Spark source); the tables below are published as before.
+            self.ctx.dispatcher.publish_head(
+                HeadWatermark(self.base_topic, self.partition, marker.position[:2], self.head.watermark)
+            )
 
     def _check_data(self, data: DataSeen) -> None:
         """Count messages below their own producer's last W_SET (the producer broke its assertion)."""

@@ -31,7 +31,7 @@ from tests.chaos.checker import Delivery, InstanceLog, Violation, WatermarkSeen,
 from tests.chaos.plan import Fault, FaultKind, ProducerPlan, ScenarioPlan
 from tests.integration.generator_process import GeneratorProcess
 from tests.integration.helpers import watermark_table_reader
-from watermark_core.protocol import decode_table
+from watermark_core.protocol import EVENT_PROPERTY, SEND_WATERMARK, decode_table
 
 log = logging.getLogger(__name__)
 
@@ -347,7 +347,7 @@ class Scenario:
                     message = reader.read_next(timeout_millis=200)
                 except pulsar.Timeout:
                     message = None
-                if message is not None:
+                if message is not None and message.properties().get(EVENT_PROPERTY) == SEND_WATERMARK:
                     for event in decode_table(message.data()):
                         if event.subscription == subscription:
                             latest = (event.position[0], event.position[1])
