@@ -3,7 +3,8 @@
 Markers are ordinary messages sent by the same Pulsar producer as the data, so the broker-known
 producer name identifies whose watermark they are and the log orders them with the data. On a
 partitioned topic every marker is sent to every partition, since each partition has its own
-watermark.
+watermark; a partition added to the topic later gets the producer's current assertion before any
+of its data (`producer.routing.PartitionCount`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import pulsar
 
-from producer.routing import TARGET_PARTITION_PROPERTY, MarkerAwareRouter
+from producer.routing import TARGET_PARTITION_PROPERTY, MarkerAwareRouter, PartitionCount
 from pulsar_access.errors import explained, service_url_of
 from pulsar_access.topics import full_name
 from watermark_core.protocol import (
@@ -153,10 +154,13 @@ class WatermarkProducer:
         # A broker that is down, a wrong URL, a missing namespace or a refused token: one clear error.
         with explained(service_url=service_url_of(client), topic=topic, doing="create a producer on"):
             partitions = client.get_topic_partitions(topic)
-            self._partitions = len(partitions)
+            self._partitions = PartitionCount(len(partitions))
             self._is_partitioned = partitions != [full_name(topic)]
             if self._is_partitioned:
-                producer_options["message_router"] = MarkerAwareRouter(producer_options.get("message_router"))
+                producer_options["message_router"] = MarkerAwareRouter(
+                    producer_options.get("message_router"), self._partitions
+                )
+            self._covering = threading.Lock()
             self._producer = client.create_producer(topic, producer_name=producer_name, **producer_options)
         self._lock = threading.Lock()
         self._last_event_time: int | None = None
@@ -184,10 +188,12 @@ class WatermarkProducer:
     def send(self, content: bytes, **kwargs: Any) -> pulsar.MessageId:
         """An ordinary message; keyword arguments are those of `pulsar.Producer.send`."""
         self._stamp(kwargs)
+        self._cover_new_partitions()
         return self._producer.send(content, **kwargs)
 
     def send_async(self, content: bytes, callback: SendCallback, **kwargs: Any) -> None:
         self._stamp(kwargs)
+        self._cover_new_partitions()
         self._producer.send_async(content, callback, **kwargs)
 
     def flush(self) -> None:
@@ -229,10 +235,34 @@ class WatermarkProducer:
         return properties
 
     def _targets(self) -> list[int | None]:
-        return list(range(self._partitions)) if self._is_partitioned else [None]
+        return list(range(self._partitions.covered)) if self._is_partitioned else [None]
+
+    def _cover_new_partitions(self) -> None:
+        """Partitions added to the topic: send them this producer's current assertion before anything else.
+
+        The router keeps data off them until this is done; an idle producer or one that never
+        asserted has nothing to send there. A watermark transaction still open is not carried over
+        (its commit does nothing where its W_SET is missing: the new partition keeps the older value).
+        """
+        if not self._is_partitioned or not self._partitions.uncovered():
+            return
+        with self._covering:
+            new = self._partitions.uncovered()
+            if not new:
+                return
+            with self._lock:
+                event_time = None if self._idle else self._last_event_time
+            if event_time is not None:
+                payload = encode_set(event_time)
+                for partition in new:
+                    self._producer.send(payload, properties=self._marker_properties(MarkerKind.W_SET, partition))
+            self._partitions.cover(new.stop)
+            log.info("%s: partitions %d..%d added; producer %s asserted %s there", self.topic, new.start,
+                     new.stop - 1, self.producer_name, event_time)  # fmt: skip
 
     def _send_marker(self, kind: MarkerKind, payload: bytes) -> list[pulsar.MessageId]:
         self._check_open()
+        self._cover_new_partitions()
         ids = [
             self._producer.send(payload, properties=self._marker_properties(kind, partition))
             for partition in self._targets()
@@ -242,6 +272,7 @@ class WatermarkProducer:
 
     def _send_marker_async(self, kind: MarkerKind, payload: bytes, callback: SendCallback | None) -> None:
         self._check_open()
+        self._cover_new_partitions()
         targets = self._targets()
         remaining = [len(targets)]
         outcome: list[tuple[pulsar.Result, Any]] = []
