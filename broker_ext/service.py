@@ -144,6 +144,7 @@ class GeneratorService:
                  self.config.instance_id, list(self.config.namespaces), list(self.config.topics),
                  self.settings.service_url, self.settings.admin_url)  # fmt: skip
         self.loop.start()
+        self.poller.sweeper.start()
         while not self._stop.is_set():
             try:
                 self.sync_partitions()
@@ -187,6 +188,7 @@ class GeneratorService:
         if self.loop.alive:
             self.loop.post(close_partitions)
             closed.wait(10)
+        self.poller.sweeper.stop()
         self.loop.stop()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.admin_pool.shutdown(wait=False, cancel_futures=True)
