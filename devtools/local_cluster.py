@@ -458,6 +458,11 @@ class LocalCluster:
         _signal_group(pid, signal.SIGKILL)
         while _pid_alive(pid):
             time.sleep(0.1)
+        # the dead broker's connections linger in the kernel until their peers close them (FIN_WAIT2, at most
+        # tcp_fin_timeout, 60 s): wait until its ports can be bound again, so that `up()` can start it
+        deadline = time.monotonic() + 90
+        while not all(port_free(p) for p in (self.broker_port, self.web_port)) and time.monotonic() < deadline:
+            time.sleep(0.5)
         say(f"killed Pulsar (pid {pid}) with SIGKILL")
 
     def stop_generator(self) -> None:

@@ -118,12 +118,17 @@ class LoopbackProxy:
             return
         pair = (client_writer, upstream_writer)
         self._connections.add(pair)
+        pumps = [
+            asyncio.ensure_future(self._pump(client_reader, upstream_writer)),
+            asyncio.ensure_future(self._pump(upstream_reader, client_writer)),
+        ]
         try:
-            await asyncio.gather(
-                self._pump(client_reader, upstream_writer), self._pump(upstream_reader, client_writer),
-                return_exceptions=True,
-            )  # fmt: skip
+            # one side gone (closed, reset, or a peer that died): the whole connection goes, as through a
+            # router; a half-open socket would keep the dead peer's port taken (FIN_WAIT2) and its restart out
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            for pump in pumps:
+                pump.cancel()
             self._connections.discard(pair)
             for writer in pair:
                 with contextlib.suppress(Exception):
@@ -133,14 +138,18 @@ class LoopbackProxy:
         assert self._open is not None
         while True:
             await self._open.wait()
-            data = await reader.read(_CHUNK)
+            try:
+                data = await reader.read(_CHUNK)
+            except OSError:
+                return
             if not data:
-                with contextlib.suppress(Exception):
-                    writer.write_eof()
                 return
             await self._open.wait()  # bytes read just before a stall wait for the resume
-            writer.write(data)
-            await writer.drain()
+            try:
+                writer.write(data)
+                await writer.drain()
+            except OSError:
+                return
 
 
 def _abort(writer: asyncio.StreamWriter) -> None:
