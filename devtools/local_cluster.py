@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import random
 import re
 import secrets
 import shutil
@@ -529,6 +530,23 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_listen_port() -> int:
+    """A free port below the kernel's ephemeral range, for a broker that is restarted on the same ports.
+
+    A port from `free_port()` is an ephemeral one: while the broker is down, any outgoing connection
+    (a client's, an HTTP keep-alive) may take it as its local port and keep the restart out.
+    """
+    low = 32768
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10_000, max(10_001, low))
+        if port_free(port):
+            return port
+    return free_port()
 
 
 def wait_for_admin(admin_url: str, timeout_s: float) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from devtools.local_cluster import PULSAR_VERSION, LocalCluster, free_port, wait_for_admin
+from devtools.local_cluster import PULSAR_VERSION, LocalCluster, free_listen_port, wait_for_admin
 from pulsar_access.settings import PulsarSettings
 
 GENERATOR_LISTENER = "generator"
@@ -68,12 +68,13 @@ def _docker_pulsar() -> Iterator[PulsarSettings]:
 
 @contextlib.contextmanager
 def _local_pulsar(state_dir: Path) -> Iterator[RunningPulsar]:
-    broker_port, listener_port = free_port(), free_port()
+    # ports that stay the broker's across restarts and kills: outside the ephemeral range
+    broker_port, listener_port = free_listen_port(), free_listen_port()
     cluster = LocalCluster(
         state_dir=state_dir,
         broker_port=broker_port,
-        web_port=free_port(),
-        bookie_port=free_port(),
+        web_port=free_listen_port(),
+        bookie_port=free_listen_port(),
         with_generator=False,
         extra_broker_config={
             "advertisedListeners": f"internal:pulsar://127.0.0.1:{broker_port},"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.local_cluster import ClusterError, LocalCluster, check_java, free_port, port_free
+from devtools.local_cluster import ClusterError, LocalCluster, check_java, free_listen_port, free_port, port_free
 
 
 def test_port_free_sees_a_listening_socket() -> None:
@@ -81,3 +81,9 @@ def test_a_stale_pid_file_is_not_a_running_cluster(tmp_path: Path) -> None:
     assert cluster.running_pid("pulsar") is None
     (tmp_path / "pulsar.pid").write_text(f"{os.getpid()}\n")
     assert cluster.running_pid("pulsar") == os.getpid()
+
+
+def test_ports_for_a_broker_that_restarts_are_free_and_not_ephemeral() -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_listen_port() for _ in range(5)}
+    assert all(10_000 <= port < low and port_free(port) for port in ports)
