@@ -16,15 +16,15 @@ failover delay (1 s by default).
 
 from __future__ import annotations
 
-import zlib
+import hashlib
 
 SEPARATOR = "."
 
 
 def consumer_name(base_topic: str, instance_id: str) -> str:
     """This instance's consumer name on `base_topic`'s partitions: `<8 hex digits>.<instance id>`."""
-    digest = zlib.crc32(f"{base_topic}\x00{instance_id}".encode())
-    return f"{digest:08x}{SEPARATOR}{instance_id}"
+    digest = hashlib.blake2b(f"{base_topic}\x00{instance_id}".encode(), digest_size=4).hexdigest()
+    return f"{digest}{SEPARATOR}{instance_id}"
 
 
 def instance_of(name: str) -> str:

@@ -26,7 +26,9 @@ a lost ownership on a partition where no marker waits (docs/DECISIONS.md).
 from __future__ import annotations
 
 import collections
+import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
@@ -125,16 +127,6 @@ class PollState:
     retry_s: float = 0.0
 
 
-@dataclass
-class TopicSweep:
-    """A base topic in the sweep's round-robin."""
-
-    base_topic: str
-    partitions: dict[int, Followed]
-    last: float = 0.0
-    queued: bool = False
-
-
 class CursorPoller:
     """Schedules every admin call that reads cursors; runs them on `pool`, handles the answers on the loop."""
 
@@ -150,35 +142,24 @@ class CursorPoller:
         self.stats_rate = stats_rate
         self._wanted: dict[str, Followed] = {}
         self._flush_posted = False
-        self._topics: dict[str, TopicSweep] = {}
-        self._round: collections.deque[TopicSweep] = collections.deque()
         self._failing_since: float | None = None
         self._last_failure_log = 0.0
         self._count = count
+        self.sweeper = Sweeper(self, idle_poll_interval_s=idle_poll_interval_s, stats_rate=stats_rate)
 
     # -- partitions (loop thread) -------------------------------------------------------------------
 
     def add(self, partition: Followed) -> None:
-        sweep = self._topics.setdefault(partition.base_topic, TopicSweep(partition.base_topic, {}))
-        sweep.partitions[partition.partition] = partition
+        self.sweeper.add(partition)
 
     def remove(self, partition: Followed) -> None:
         self.loop.cancel((partition.topic, "poll"))
         self._wanted.pop(partition.topic, None)
-        sweep = self._topics.get(partition.base_topic)
-        if sweep is not None:
-            sweep.partitions.pop(partition.partition, None)
-            if not sweep.partitions:
-                del self._topics[partition.base_topic]
+        self.sweeper.remove(partition)
 
     def owned(self, partition: Followed) -> None:
         """The partition's engine owns it now: sweep its topic."""
-        sweep = self._topics.get(partition.base_topic)
-        if sweep is not None and not sweep.queued:
-            sweep.queued = True
-            self._round.append(sweep)
-            if self.loop.scheduled("sweep") is None:
-                self.loop.call_at(time.time(), "sweep", self._sweep)
+        self.sweeper.owned(partition)
 
     def after(self, partition: Followed, marker_read: bool) -> None:
         """After an event other than a poll: a marker read (re)arms the fast poll; it stops once nothing waits."""
@@ -326,62 +307,23 @@ class CursorPoller:
         state.retry_s = min(max(state.retry_s * 2, 0.5), RETRY_MAX_S)
         self.loop.call_at(time.time() + state.retry_s, (partition.topic, "poll"), lambda: self.request(partition))
 
-    # -- the sweep ----------------------------------------------------------------------------------
-
-    def _sweep(self) -> None:
-        """Sweep the next topic of the round-robin that is due; come back when the next one is."""
-        now = time.time()
-        while self._round:
-            sweep = self._round[0]
-            owned = [p for p in sweep.partitions.values() if p.owner and not p.closed]
-            if not owned or self._topics.get(sweep.base_topic) is not sweep:
-                self._round.popleft()
-                sweep.queued = False
-                continue
-            period = max(self.idle_poll_interval_s, len(self._round) / self.stats_rate)
-            if sweep.last + period > now:
-                self.loop.call_at(sweep.last + period, "sweep", self._sweep)
-                return
-            self._round.rotate(-1)
-            sweep.last = now
-            self._submit_sweep(sweep, owned)
-            self.loop.call_at(now + 1.0 / self.stats_rate, "sweep", self._sweep)
-            return
-
-    def _submit_sweep(self, sweep: TopicSweep, owned: list[Followed]) -> None:
-        partitioned = owned[0].partition >= 0
-
-        def work() -> None:
-            try:
-                if partitioned:
-                    self._count("partitioned-stats")
-                    answers = self.admin.partitioned_brief_stats(sweep.base_topic)
-                else:
-                    self._count("stats")
-                    answers = {owned[0].topic: self.admin.brief_stats(owned[0].topic)}
-            except AdminError as exc:
-                failure = exc
-                self.loop.post(lambda: self._failure(failure))
-                return
-            self.loop.post(lambda: self._swept(owned, answers))
-
-        self.pool.submit(work)
-
-    def _swept(self, owned: list[Followed], answers: Mapping[str, Mapping[str, Any]]) -> None:
-        self._recovered()
-        for partition in owned:
-            stats = answers.get(partition.topic)
-            if stats is not None and not partition.closed:
-                self._detected(partition, detected(stats), poll=True)
+    # -- what the sweep found (loop thread) ---------------------------------------------------------
 
     def _detected(self, partition: Followed, seen: Detected, *, poll: bool) -> None:
         state = partition.poll
         state.durable = seen.durable
         if seen.active is not None and seen.active != partition.consumer_name and partition.owner:
             partition.lost(seen.active)
-        elif poll and seen.fingerprint != state.fingerprint:
+        elif poll:
             self.request(partition)
-        state.fingerprint = seen.fingerprint
+        if not poll:
+            self.sweeper.seen(partition.topic, seen.fingerprint)
+
+    def _changed(self, changes: list[tuple[Followed, Detected]]) -> None:
+        self._recovered()
+        for partition, seen in changes:
+            if not partition.closed:
+                self._detected(partition, seen, poll=True)
 
     # -- failures -----------------------------------------------------------------------------------
 
@@ -400,3 +342,124 @@ class CursorPoller:
         if self._failing_since is not None:
             log.info("reading cursors again after %.0f s", time.monotonic() - self._failing_since)
             self._failing_since = None
+
+
+class Sweeper:
+    """The change detector, on a thread of its own: it wakes the loop only where a partition changed.
+
+    Round-robin over the base topics with an owned partition; each at most every
+    `idle_poll_interval_s`, and at most `stats_rate` calls a second overall. The fingerprints it
+    compares live here (under a lock: a poll that read stats records its own).
+    """
+
+    def __init__(self, poller: CursorPoller, *, idle_poll_interval_s: float, stats_rate: float) -> None:
+        self.poller = poller
+        self.idle_poll_interval_s = idle_poll_interval_s
+        self.stats_rate = stats_rate
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._partitions: dict[str, dict[str, Followed]] = {}
+        """Base topic -> partition topic -> partition."""
+        self._round: collections.deque[str] = collections.deque()
+        self._queued: set[str] = set()
+        self._last: dict[str, float] = {}
+        self._fingerprints: dict[str, Fingerprint] = {}
+        self._thread = threading.Thread(target=self._run, name="wm-sweep", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    # -- from the loop thread -------------------------------------------------------------------------
+
+    def add(self, partition: Followed) -> None:
+        with self._lock:
+            self._partitions.setdefault(partition.base_topic, {})[partition.topic] = partition
+
+    def remove(self, partition: Followed) -> None:
+        with self._lock:
+            partitions = self._partitions.get(partition.base_topic)
+            if partitions is not None:
+                partitions.pop(partition.topic, None)
+                if not partitions:
+                    del self._partitions[partition.base_topic]
+            self._fingerprints.pop(partition.topic, None)
+
+    def owned(self, partition: Followed) -> None:
+        with self._lock:
+            if partition.base_topic not in self._queued:
+                self._queued.add(partition.base_topic)
+                self._round.append(partition.base_topic)
+        self._wake.set()
+
+    def seen(self, topic: str, fingerprint: Fingerprint) -> None:
+        with self._lock:
+            self._fingerprints[topic] = fingerprint
+
+    # -- on its own thread ----------------------------------------------------------------------------
+
+    def _next(self) -> tuple[str, list[Followed]] | float:
+        """The next topic to sweep and its owned partitions, or how long to wait."""
+        now = time.monotonic()
+        with self._lock:
+            while self._round:
+                base_topic = self._round[0]
+                owned = [p for p in self._partitions.get(base_topic, {}).values() if p.owner and not p.closed]
+                if not owned:
+                    self._round.popleft()
+                    self._queued.discard(base_topic)
+                    continue
+                period = max(self.idle_poll_interval_s, len(self._round) / self.stats_rate)
+                due = self._last.get(base_topic, 0.0) + period
+                if due > now:
+                    return due - now
+                self._round.rotate(-1)
+                self._last[base_topic] = now
+                return base_topic, owned
+        return 5.0
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            step = self._next()
+            if isinstance(step, float):
+                self._wake.wait(step)
+                self._wake.clear()
+                continue
+            base_topic, owned = step
+            try:
+                answers = self._read(base_topic, owned)
+            except AdminError as exc:
+                self.poller.loop.post(functools.partial(self.poller._failure, exc))
+            except Exception:
+                log.exception("sweeping %s failed", base_topic)
+            else:
+                self._compare(owned, answers)
+            self._stopping.wait(1.0 / self.stats_rate)
+
+    def _read(self, base_topic: str, owned: list[Followed]) -> Mapping[str, Mapping[str, Any]]:
+        admin = self.poller.admin
+        if owned[0].partition >= 0:
+            self.poller._count("partitioned-stats")
+            return admin.partitioned_brief_stats(base_topic)
+        self.poller._count("stats")
+        return {owned[0].topic: admin.brief_stats(owned[0].topic)}
+
+    def _compare(self, owned: list[Followed], answers: Mapping[str, Mapping[str, Any]]) -> None:
+        changes: list[tuple[Followed, Detected]] = []
+        with self._lock:
+            for partition in owned:
+                stats = answers.get(partition.topic)
+                if stats is None:
+                    continue
+                seen = detected(stats)
+                before = self._fingerprints.get(partition.topic)
+                self._fingerprints[partition.topic] = seen.fingerprint
+                lost = seen.active is not None and seen.active != partition.consumer_name
+                if lost or seen.fingerprint != before:
+                    changes.append((partition, seen))
+        if changes:
+            self.poller.loop.post(lambda: self.poller._changed(changes))

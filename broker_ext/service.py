@@ -151,6 +151,7 @@ class GeneratorService:
                  self.settings.admin_url, self.config.watermark_namespace, self.config.snapshot_keys)  # fmt: skip
         warn_about_snapshot_key(self.config)
         self.loop.start()
+        self.poller.sweeper.start()
         while not self._stop.is_set():
             try:
                 self.dispatcher.ensure_namespace()  # once it succeeds: consumers may read the tables' topics
@@ -195,6 +196,7 @@ class GeneratorService:
         if self.loop.alive:
             self.loop.post(close_partitions)
             closed.wait(10)
+        self.poller.sweeper.stop()
         self.loop.stop()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.admin_pool.shutdown(wait=False, cancel_futures=True)

@@ -226,7 +226,7 @@ class PulsarAdmin:
 
     def list_topics(self, namespace: str = "public/default") -> list[str]:
         """Every persistent topic of a namespace: partitions and non-partitioned topics."""
-        return list(self._call("GET", f"persistent/{namespace}") or [])
+        return list(self._get(f"persistent/{namespace}") or [])
 
     # -- topics ------------------------------------------------------------------------------
 
