@@ -75,6 +75,11 @@ GOALS = {
     "restart_1m_vs_10k_ratio": "within 1.2",
     "spark_window_close_latency_p50_ms": "< trigger + generator latency",
     "demo_ontime_rows_dropped_broker": "0",
+    "generator_idle_cpu_1000_partitions": "<= 0.05",
+    "generator_threads_1000_partitions": "<= 50, within 10% of 10 partitions",
+    "watermark_latency_cadence_p50_ms": "<= 150",
+    "watermark_latency_cadence_p99_ms": "<= 400",
+    "generator_ownership_max_share_3_instances": "<= 0.45",
 }
 
 
