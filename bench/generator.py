@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import pulsar
+import requests
 
 from bench.common import say
 from broker_ext.config import GeneratorConfig
@@ -33,10 +34,11 @@ class Generator:
 
     def __init__(self, settings: PulsarSettings, namespace: str, log_dir: Path) -> None:
         self.instance_id = f"bench-{uuid.uuid4().hex[:6]}"
+        self.metrics_port = free_port()
         env = {
             **os.environ, **FAST_ENV,
             "PULSAR_SERVICE_URL": settings.service_url, "PULSAR_ADMIN_URL": settings.admin_url,
-            "WM_NAMESPACES": namespace, "WM_METRICS_PORT": str(free_port()),
+            "WM_NAMESPACES": namespace, "WM_METRICS_PORT": str(self.metrics_port),
             "WM_INSTANCE_ID": self.instance_id,
         }  # fmt: skip
         self.log = (log_dir / f"generator-{uuid.uuid4().hex[:6]}.log").open("wb")
@@ -46,6 +48,24 @@ class Generator:
     def cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def subscriptions_published(self) -> int:
+        """How many (partition, subscription) pairs this process has published a watermark for (its /metrics)."""
+        try:
+            text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+        except requests.RequestException:
+            return 0
+        return sum(1 for line in text.splitlines() if line.startswith("wm_watermarks_published_total{"))
+
+    def wait_published(self, pairs: int, within_s: float) -> float:
+        """Seconds until a watermark was published for `pairs` (partition, subscription) pairs: the take-over done."""
+        started = time.monotonic()
+        while self.subscriptions_published() < pairs:
+            if time.monotonic() - started > within_s:
+                raise TimeoutError(f"the generator published for {self.subscriptions_published()} of {pairs} "
+                                   f"subscriptions within {within_s:.0f} s")  # fmt: skip
+            time.sleep(0.5)
+        return time.monotonic() - started
 
     def kill(self) -> None:
         self.proc.kill()

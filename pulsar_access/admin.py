@@ -7,13 +7,13 @@ that is refused each raise `AdminError` with one line saying what to do.
 from __future__ import annotations
 
 import http.client
-import json
 import re
 import threading
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
+import orjson
 import requests
 
 from pulsar_access.settings import PulsarSettings
@@ -98,7 +98,8 @@ class PulsarAdmin:
             raise AdminError(
                 f"Pulsar admin API GET {path} failed with {response.status}: {text.strip()[:300]}", response.status
             )
-        return json.loads(body) if body else None
+        # orjson: the generator's sweep decodes every owned topic's stats each second (4x the stdlib's speed)
+        return orjson.loads(body) if body else None
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         url = f"{self.settings.admin_url}/admin/v2/{path}"
