@@ -15,12 +15,21 @@ every partition all the time is what made the generator's cost grow with partiti
   only where the fingerprint changed: an acknowledgement (the timestamp), a seek or reset (it does
   not touch the timestamp, but the backlog changes, in either direction, unless a publish of exactly
   as many entries hides it: then messages in changed), a new or removed subscription.
+- **Sums first** for a partitioned topic: each sweep reads its stats summed over the partitions
+  (messages in, and per subscription its backlog and messages dispatched) and reads every
+  partition's stats only when that sum changed, or every `FULL_SWEEP_PERIODS` sweeps as a
+  backstop (for changes that cancel out in the sum, e.g. one partition reset back by as many
+  entries as another acknowledged with no consumer attached, and for ownership moves, which a sum
+  does not show). Decoding a hundred partitions' stats every second was most of an idle
+  generator's CPU.
 - **Batching**: internal stats wanted for several partitions of one partitioned topic at once are
   read with one `partitioned-internalStats` call.
 
 An idle partition thus costs one stats call per sweep period, `max(idle_poll_interval_s,
-owned topics / stats_rate)`; that period is also the bound on noticing a seek, a new subscription or
-a lost ownership on a partition where no marker waits (docs/DECISIONS.md).
+owned topics / stats_rate)` (a partitioned topic's partitions share one small call); that period is
+also the bound on noticing a seek or a new subscription on a partition where no marker waits, and
+`FULL_SWEEP_PERIODS` of them the bound on a lost ownership or a change the sum hides
+(docs/DECISIONS.md).
 """
 
 from __future__ import annotations
@@ -43,6 +52,8 @@ from watermark_core.protocol import GENERATOR_SUBSCRIPTION, INTERNAL_SUBSCRIPTIO
 log = logging.getLogger(__name__)
 
 BACKOFF = 1.5
+FULL_SWEEP_PERIODS = 10
+"""A partitioned topic's partitions are read one by one at least every this many sweeps of it."""
 RETRY_MAX_S = 10.0
 FAILURE_REPEAT_S = 60.0
 
@@ -74,6 +85,19 @@ def detected(stats: Mapping[str, Any]) -> Detected:
         )),
     )  # fmt: skip
     return Detected(durable, ours.get("activeConsumerName") or None, fingerprint)
+
+
+def summed_fingerprint(stats: Mapping[str, Any]) -> Fingerprint:
+    """What changes in a partitioned topic's summed stats when any partition's fingerprint changes, but for sums
+    that cancel: messages in, and per application subscription its backlog and messages dispatched."""
+    subscriptions = stats.get("subscriptions") or {}
+    return (
+        int(stats.get("msgInCounter", 0)),
+        tuple(sorted(
+            (name, int(sub.get("msgBacklog", 0)), int(sub.get("msgOutCounter", 0)))
+            for name, sub in subscriptions.items() if name not in INTERNAL_SUBSCRIPTIONS
+        )),
+    )  # fmt: skip
 
 
 def cursors_polled(internal: Mapping[str, Any], durable: frozenset[str]) -> CursorsPolled:
@@ -365,6 +389,8 @@ class Sweeper:
         self._queued: set[str] = set()
         self._last: dict[str, float] = {}
         self._fingerprints: dict[str, Fingerprint] = {}
+        self._sums: dict[str, tuple[Fingerprint, int]] = {}
+        """Base topic -> its summed fingerprint at the last sweep, and sweeps since its partitions were read."""
         self._thread = threading.Thread(target=self._run, name="wm-sweep", daemon=True)
 
     def start(self) -> None:
@@ -387,6 +413,7 @@ class Sweeper:
                 partitions.pop(partition.topic, None)
                 if not partitions:
                     del self._partitions[partition.base_topic]
+                    self._sums.pop(partition.base_topic, None)
             self._fingerprints.pop(partition.topic, None)
 
     def owned(self, partition: Followed) -> None:
@@ -441,12 +468,28 @@ class Sweeper:
             self._stopping.wait(1.0 / self.stats_rate)
 
     def _read(self, base_topic: str, owned: list[Followed]) -> Mapping[str, Mapping[str, Any]]:
+        """Every owned partition's stats, or none where the partitioned topic's sums show nothing changed."""
         admin = self.poller.admin
         if owned[0].partition >= 0:
+            self.poller._count("partitioned-stats-summed")
+            if not self._partitions_wanted(base_topic, summed_fingerprint(admin.partitioned_summed_stats(base_topic)),
+                                           owned):  # fmt: skip
+                return {}
             self.poller._count("partitioned-stats")
             return admin.partitioned_brief_stats(base_topic)
         self.poller._count("stats")
         return {owned[0].topic: admin.brief_stats(owned[0].topic)}
+
+    def _partitions_wanted(self, base_topic: str, summed: Fingerprint, owned: list[Followed]) -> bool:
+        """Whether to read the partitions one by one: the sums changed, the backstop is due, or one is new."""
+        with self._lock:
+            before, sweeps = self._sums.get(base_topic, (None, FULL_SWEEP_PERIODS))
+            wanted = (
+                summed != before or sweeps + 1 >= FULL_SWEEP_PERIODS
+                or any(p.topic not in self._fingerprints for p in owned)
+            )  # fmt: skip
+            self._sums[base_topic] = (summed, 0 if wanted else sweeps + 1)
+        return wanted
 
     def _compare(self, owned: list[Followed], answers: Mapping[str, Mapping[str, Any]]) -> None:
         changes: list[tuple[Followed, Detected]] = []

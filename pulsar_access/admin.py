@@ -279,6 +279,13 @@ class PulsarAdmin:
                            {**BRIEF_STATS, "perPartition": "true"})  # fmt: skip
         return dict((result or {}).get("partitions") or {})
 
+    def partitioned_summed_stats(self, topic: str) -> dict[str, Any]:
+        """A partitioned topic's stats summed over its partitions (counters and backlogs added), in one call.
+
+        A hundredth of `partitioned_brief_stats`' size for 100 partitions: what a change detector reads first.
+        """
+        return dict(self._get(f"{TopicName.parse(topic).rest_path}/partitioned-stats", BRIEF_STATS) or {})
+
     def fast_internal_stats(self, topic: str) -> dict[str, Any]:
         """`internal_stats` on the plain connection."""
         return dict(self._get(f"{TopicName.parse(topic).rest_path}/internalStats"))

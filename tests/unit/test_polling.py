@@ -5,12 +5,14 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from broker_ext.loop import EventLoop
 from broker_ext.ownership import consumer_name, instance_of
-from broker_ext.polling import cursors_polled, detected
+from broker_ext.polling import FULL_SWEEP_PERIODS, Sweeper, cursors_polled, detected, summed_fingerprint
 
 pytestmark = pytest.mark.unit
 
@@ -119,3 +121,53 @@ def test_a_failing_callable_does_not_stop_the_loop() -> None:
         assert done.wait(5)
     finally:
         loop.stop()
+
+
+SUMMED = {
+    "msgInCounter": 1200,
+    "subscriptions": {
+        "__wm_generator": {"msgBacklog": 4, "msgOutCounter": 1196},
+        "app": {"msgBacklog": 30, "msgOutCounter": 1170},
+    },
+}
+
+
+def test_the_summed_fingerprint_follows_application_subscriptions_only() -> None:
+    base = summed_fingerprint(SUMMED)
+    ours_moved = {**SUMMED, "subscriptions": {**SUMMED["subscriptions"], "__wm_generator": {"msgBacklog": 0}}}
+    assert summed_fingerprint(ours_moved) == base  # the generator's own acknowledgements are not a change
+    for changed in (
+        {**SUMMED, "msgInCounter": 1201},
+        {**SUMMED, "subscriptions": {"app": {"msgBacklog": 31, "msgOutCounter": 1170}}},  # a reset back
+        {**SUMMED, "subscriptions": {"app": {"msgBacklog": 30, "msgOutCounter": 1175}}},  # redelivered
+        {**SUMMED, "subscriptions": {**SUMMED["subscriptions"], "other": {}}},  # a new subscription
+    ):
+        assert summed_fingerprint(changed) != base, changed
+
+
+def _sweeper_with(seen: list[str]) -> Sweeper:
+    sweeper = Sweeper(cast(Any, None), idle_poll_interval_s=1.0, stats_rate=10.0)
+    for topic in seen:
+        sweeper.seen(topic, (0, ()))
+    return sweeper
+
+
+def test_partitions_are_read_when_the_sums_change_and_at_the_backstop() -> None:
+    owned = [cast(Any, SimpleNamespace(topic=f"t-partition-{i}")) for i in range(3)]
+    sweeper = _sweeper_with([p.topic for p in owned])
+    quiet = summed_fingerprint(SUMMED)
+    assert sweeper._partitions_wanted("t", quiet, owned)  # the first sweep reads them
+    wanted = [sweeper._partitions_wanted("t", quiet, owned) for _ in range(3 * FULL_SWEEP_PERIODS)]
+    # nothing changed: only the backstop, every FULL_SWEEP_PERIODS sweeps
+    assert [i for i, w in enumerate(wanted) if w] == [FULL_SWEEP_PERIODS - 1 + k * FULL_SWEEP_PERIODS for k in range(3)]
+    assert sweeper._partitions_wanted("t", summed_fingerprint({**SUMMED, "msgInCounter": 1}), owned)
+    assert not sweeper._partitions_wanted("t", summed_fingerprint({**SUMMED, "msgInCounter": 1}), owned)
+
+
+def test_a_partition_never_read_is_read_whatever_the_sums_say() -> None:
+    owned = [cast(Any, SimpleNamespace(topic=f"t-partition-{i}")) for i in range(2)]
+    sweeper = _sweeper_with([owned[0].topic])
+    quiet = summed_fingerprint(SUMMED)
+    sweeper._partitions_wanted("t", quiet, owned[:1])
+    assert not sweeper._partitions_wanted("t", quiet, owned[:1])
+    assert sweeper._partitions_wanted("t", quiet, owned)  # partition 1 was just taken over
