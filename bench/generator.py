@@ -57,6 +57,12 @@ class Generator:
             return 0
         return sum(1 for line in text.splitlines() if line.startswith("wm_watermarks_published_total{"))
 
+    def admin_calls(self) -> float:
+        """The admin calls this process made to follow cursors (its wm_admin_calls counters, every call kind)."""
+        text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+        lines = [line for line in text.splitlines() if line.startswith("wm_admin_calls_total{")]
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
     def wait_published(self, pairs: int, within_s: float) -> float:
         """Seconds until a watermark was published for `pairs` (partition, subscription) pairs: the take-over done."""
         started = time.monotonic()

@@ -143,8 +143,9 @@ class _Latencies:
 
 
 def cadence_latency(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, log_dir: Path,
-                    topics: int = 200) -> tuple[float, float, int]:  # fmt: skip
-    """(p50 ms, p99 ms, samples) from a consumer's acknowledgement of a W_SET to the watermark at its feed."""
+                    topics: int = 200) -> tuple[float, float, int, float]:  # fmt: skip
+    """(p50 ms, p99 ms, samples, the generator's admin calls per W_SET) from a consumer's acknowledgement of a
+    W_SET to the watermark at its feed."""
     namespace = _new_namespace(admin)
     names = [f"persistent://{namespace}/cadence-{i}" for i in range(topics)]
     record = _Latencies()
@@ -174,6 +175,7 @@ def cadence_latency(settings: PulsarSettings, client: pulsar.Client, admin: Puls
     stop.set()
     ticker.join()
     time.sleep(3)
+    calls = gen.admin_calls()
     gen.kill()
     for feed in feeds:
         feed.close()
@@ -188,7 +190,7 @@ def cadence_latency(settings: PulsarSettings, client: pulsar.Client, admin: Puls
             if key in record.seen and key[1] > CADENCE_WARMUP_S * 1000
         ]
     quantiles = statistics.quantiles(latencies, n=100)
-    return quantiles[49], quantiles[98], len(latencies)
+    return quantiles[49], quantiles[98], len(latencies), calls / max(1, len(record.acked))
 
 
 def ownership_share(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, log_dir: Path,
@@ -229,7 +231,7 @@ def run(settings: PulsarSettings, log_dir: Path) -> dict[str, float | int | str]
         say("idle cost at 1000 partitions (10 topics of 100)")
         idle, threads_1000, busy, takeover = idle_cost(settings, client, admin, log_dir, 10, 100)
         say("ack -> watermark at one W_SET a second on 200 topics")
-        p50, p99, samples = cadence_latency(settings, client, admin, log_dir)
+        p50, p99, samples, calls_per_wset = cadence_latency(settings, client, admin, log_dir)
         say("ownership over 3 instances, 300 topics")
         share, owners = ownership_share(settings, client, admin, log_dir)
     finally:
@@ -245,6 +247,9 @@ def run(settings: PulsarSettings, log_dir: Path) -> dict[str, float | int | str]
         "of the 1000 partitions' subscriptions (its wm_watermarks_published series), one instance",
         "watermark_latency_cadence_p50_ms": round(p50, 1),
         "watermark_latency_cadence_p99_ms": round(p99, 1),
+        "generator_admin_calls_per_wset_cadence": round(calls_per_wset, 2),
+        "generator_admin_calls_per_wset_cadence_how": "in the cadence run: the generator's admin calls (internal "
+        "stats, stats) over the W_SETs acknowledged",
         "generator_ownership_max_share_3_instances": round(share, 3),
         "generator_idle_cpu_1000_partitions_how": "10 partitioned topics of 100 partitions, each with an "
         f"acknowledging subscription and one W_SET; {SETTLE_S:.0f} s after the take-over, generator process CPU "
