@@ -10,6 +10,7 @@ Messages reach the loop through each consumer's message listener.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -36,8 +37,12 @@ IO_THREADS = 4
 ADMIN_THREADS = 3
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def is_followable(topic: str, watermark_namespace: str | None = None) -> bool:
-    """Data topics only: not our companion topics, not Pulsar's system topics."""
+    """Data topics only: not our companion topics, not Pulsar's system topics.
+
+    Cached: discovery asks it of every partition of every followed topic every few seconds.
+    """
     local = TopicName.parse(topic).local
     return (
         topic.startswith("persistent://")
