@@ -74,6 +74,9 @@ GOALS = {
     "subscriptions_10_vs_1_cost": "<= 1.3",
     "restart_1m_vs_10k_ratio": "within 1.2",
     "spark_window_close_latency_p50_ms": "< trigger + generator latency",
+    "spark_close_from_wset_p50_ms": "<= 2000",
+    "spark_close_from_wset_p99_ms": "<= 3000",
+    "spark_source_steady_vs_readers_ratio": ">= 1.0",
     "demo_ontime_rows_dropped_broker": "0",
 }
 
