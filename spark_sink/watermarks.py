@@ -108,14 +108,15 @@ class CompanionFollower:
     """Reads the companion topics of the topics a query reads, into a `KnownWatermarks`.
 
     One compacted reader per companion topic, from its start: compaction keeps the latest table and
-    head event of each partition, and everything after them follows as it is published. Malformed
-    events are skipped, counted and logged once.
+    head event of each partition, and everything after them follows as it is published. Companion
+    topics live in the watermark namespace (`watermark_topic_for`), where only the generator may
+    produce (docs/SECURITY.md); an event read there that names another data topic than the one the
+    companion belongs to is ignored. Malformed events are skipped, counted and logged once.
     """
 
     def __init__(self, client: pulsar.Client, known: KnownWatermarks) -> None:
         self._client = client
         self.known = known
-        self._topics: set[str] = set()
         self._readers: dict[str, pulsar.Reader] = {}
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
@@ -124,7 +125,6 @@ class CompanionFollower:
     def follow(self, topics: Iterable[str]) -> None:
         """Also follow these (full, base) topics; reads what their companion topics hold before returning."""
         for topic in topics:
-            self._topics.add(topic)
             companion = watermark_topic_for(topic)
             if companion in self._readers:
                 continue
@@ -133,14 +133,14 @@ class CompanionFollower:
             deadline = time.monotonic() + CATCH_UP_LIMIT_S
             while time.monotonic() < deadline and reader.has_message_available():
                 try:
-                    self._handle(reader.read_next(timeout_millis=1000))
+                    self._handle(reader.read_next(timeout_millis=1000), topic)
                 except pulsar.Timeout:
                     break
-            thread = threading.Thread(target=self._run, args=(reader,), name=f"wm-head-{topic}", daemon=True)
+            thread = threading.Thread(target=self._run, args=(reader, topic), name=f"wm-head-{topic}", daemon=True)
             thread.start()
             self._threads.append(thread)
 
-    def _run(self, reader: pulsar.Reader) -> None:
+    def _run(self, reader: pulsar.Reader, topic: str) -> None:
         while not self._stop.is_set():
             try:
                 message = reader.read_next(timeout_millis=200)
@@ -152,18 +152,19 @@ class CompanionFollower:
                 log.warning("reading watermark events failed; retrying", exc_info=True)
                 time.sleep(1)
                 continue
-            self._handle(message)
+            self._handle(message, topic)
 
-    def _handle(self, message: pulsar.Message) -> None:
+    def _handle(self, message: pulsar.Message, topic: str) -> None:
+        """An event read from `topic`'s companion topic; only facts about `topic` count."""
         kind = message.properties().get(EVENT_PROPERTY)
         try:
             if kind == HEAD_WATERMARK:
                 head = decode_head(message.data())
-                if head.topic in self._topics:
+                if head.topic == topic:
                     self.known.add((head.topic, head.partition), head.position, head.event_time)
             elif kind == SEND_WATERMARK:
                 for event in decode_table(message.data()):
-                    if event.topic in self._topics and event.event_time is not None:
+                    if event.topic == topic and event.event_time is not None:
                         self.known.add((event.topic, event.partition), event.position, event.event_time)
             else:
                 raise MalformedMarker("bad-event", f"unknown watermark event kind {kind!r}")
