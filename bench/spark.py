@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import threading
@@ -16,7 +17,8 @@ from consumer.watermark_feed import WatermarkFeed
 from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.settings import PulsarSettings
-from watermark_core.protocol import MARKER_PROPERTY, Watermark
+from pulsar_access.topics import watermark_topic_for
+from watermark_core.protocol import EVENT_PROPERTY, HEAD_WATERMARK, MARKER_PROPERTY, Watermark, decode_head
 
 BASE = 1_700_000_000_000
 TRIGGER_S = 1.0
@@ -51,7 +53,34 @@ def window_close_latency(spark: Any, client: pulsar.Client, admin: PulsarAdmin) 
     sent: dict[int, float] = {}  # window index -> when the W_SET passing its end was sent
     published: dict[int, float] = {}  # window index -> when the subscription's watermark passed its end
     emitted: dict[int, float] = {}
+    emitted_in: dict[int, int] = {}  # window index -> the batch that emitted it
+    headed: dict[int, float] = {}  # window index -> when head events of both partitions passed its end
     lock = threading.Lock()
+    heads: dict[int, int] = {}
+    stop_heads = threading.Event()
+
+    def follow_heads() -> None:
+        """Diagnostics: when the generator's head events (what the source reads) pass each window's end."""
+        reader = client.create_reader(watermark_topic_for(topic), pulsar.MessageId.earliest)
+        while not stop_heads.is_set():
+            try:
+                message = reader.read_next(timeout_millis=200)
+            except pulsar.Timeout:
+                continue
+            if message.properties().get(EVENT_PROPERTY) != HEAD_WATERMARK:
+                continue
+            head = decode_head(message.data())
+            now = time.monotonic()
+            heads[head.partition] = head.event_time
+            if len(heads) == 2:
+                with lock:
+                    for index in range(WINDOWS + 1):
+                        if min(heads.values()) >= BASE + (index + 1) * window_ms:
+                            headed.setdefault(index, now)
+        reader.close()
+
+    head_thread = threading.Thread(target=follow_heads, daemon=True)
+    head_thread.start()
 
     def on_watermark(watermark: Watermark) -> None:
         now = time.monotonic()
@@ -60,12 +89,14 @@ def window_close_latency(spark: Any, client: pulsar.Client, admin: PulsarAdmin) 
                 if watermark.event_time >= BASE + (index + 1) * window_ms:
                     published.setdefault(index, now)
 
-    def collect(df: Any, _batch: int) -> None:
+    def collect(df: Any, batch: int) -> None:
         rows = df.collect()
         now = time.monotonic()
         with lock:
             for row in rows:
-                emitted.setdefault(int((row["window"]["start"].timestamp() * 1000 - BASE) // window_ms), now)
+                index = int((row["window"]["start"].timestamp() * 1000 - BASE) // window_ms)
+                emitted.setdefault(index, now)
+                emitted_in.setdefault(index, batch)
 
     producers = [WatermarkProducer(client, topic, producer_name=f"bench-close-{i}") for i in range(2)]
     for producer in producers:
@@ -104,7 +135,16 @@ def window_close_latency(spark: Any, client: pulsar.Client, admin: PulsarAdmin) 
     while time.monotonic() < deadline and len(emitted) < WINDOWS:
         time.sleep(0.2)
     progress = list(query.recentProgress)[first_timed_batch:]
+    carried: dict[int, int] = {}  # window index -> the first batch whose end offset's watermark passed its end
+    for batch in progress:
+        offset = ((batch.get("sources") or [{}])[0]).get("endOffset") or {}
+        wm = int((json.loads(offset) if isinstance(offset, str) else offset).get("wm", -1))
+        for index in range(WINDOWS):
+            if wm >= BASE + (index + 1) * window_ms:
+                carried.setdefault(index, int(batch["batchId"]))
     query.stop()
+    stop_heads.set()
+    head_thread.join(timeout=2)
     feed.close()
     for producer in producers:
         producer.close()
@@ -119,6 +159,10 @@ def window_close_latency(spark: Any, client: pulsar.Client, admin: PulsarAdmin) 
     from_published = [(emitted[i] - published[i]) * 1000 for i in range(WINDOWS) if i in emitted and i in published]
     say(f"  {len(from_wset)} windows: from the W_SET {[round(x) for x in from_wset]} ms")
     say(f"  from the subscription's published watermark {[round(x) for x in from_published]} ms")
+    to_head = [round((headed[i] - sent[i]) * 1000) for i in range(WINDOWS) if i in headed and i in sent]
+    say(f"  W_SET to head events known {to_head} ms")
+    say(f"  batches emitting minus batches carrying the watermark "
+        f"{[emitted_in[i] - carried[i] for i in range(WINDOWS) if i in emitted_in and i in carried]}")
     how = (
         f"{WINDOWS} windows of {WINDOW_S} s event time on a 2-partition topic, two producers each sending 5 messages "
         "and one W_SET per second (event time one second per W_SET); time from sending the W_SET that passes a "
