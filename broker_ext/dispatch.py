@@ -1,12 +1,13 @@
-"""Publishes `SendWatermark` tables on each topic's companion topic, through Pulsar itself.
+"""Publishes `SendWatermark` tables and `HeadWatermark` events on each topic's companion topic.
 
 Companion topics live in the watermark namespace (`pulsar_access.topics.watermark_topic_for`),
 where only the generator's role may produce. Consumers read them with a compacted reader; the
 generator triggers compaction now and then so that a consumer that attaches finds the latest table
-of its partition at once without reading the whole history. Runs on the event loop's thread and never blocks it: a
-companion topic's producer is created on the worker pool (tables wait for it, in order), tables are
-sent asynchronously in the order the engines publish them, and a table whose send failed is sent
-again unless a later one of its partition was sent since.
+of its partition (key `<partition>`) and the latest head event (key `head-<partition>`) at once
+without reading the whole history. Runs on the event loop's thread and never blocks it: a
+companion topic's producer is created on the worker pool (tables and head events wait for it, in
+order), both are sent asynchronously in the order the engines publish them on that one producer,
+and one whose send failed is sent again unless a later one of its kind and partition was sent since.
 """
 
 from __future__ import annotations
@@ -25,7 +26,16 @@ from broker_ext.loop import EventLoop
 from broker_ext.metrics import GeneratorMetrics
 from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.topics import watermark_namespace, watermark_topic_for
-from watermark_core.protocol import EVENT_PROPERTY, SEND_WATERMARK, encode_table, table_key
+from watermark_core.protocol import (
+    EVENT_PROPERTY,
+    HEAD_WATERMARK,
+    SEND_WATERMARK,
+    HeadWatermark,
+    encode_head,
+    encode_table,
+    head_key,
+    table_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +46,16 @@ RETRY_S = 1.0
 
 @dataclass
 class Companion:
-    """One companion topic: its producer once created, tables waiting for it, compaction bookkeeping."""
+    """One companion topic: its producer once created, what waits for it, compaction bookkeeping."""
 
     topic: str
     producer: pulsar.Producer | None = None
     creating: bool = False
-    waiting: list[PublishTable] = field(default_factory=list)
+    waiting: list[PublishTable | HeadWatermark] = field(default_factory=list)
     latest: dict[str, int] = field(default_factory=dict)
     """Per partition key, the seq of the latest table sent."""
+    latest_head: dict[str, HeadWatermark] = field(default_factory=dict)
+    """Per head key, the latest head event sent."""
     since_compaction: int = 0
     compacted_at: float = 0.0
 
@@ -72,18 +84,40 @@ class WatermarkDispatcher:
 
     def publish(self, table: PublishTable) -> None:
         """Send a partition's table (every subscription's watermark); on the loop thread."""
-        name = watermark_topic_for(table.events[0].topic, self._namespace)
+        companion = self._companion(table.events[0].topic)
+        if companion.producer is None:
+            self._wait_for_producer(companion, table)
+            return
+        self._send(companion, table)
+
+    def publish_head(self, head: HeadWatermark) -> None:
+        """Send the watermark of a partition's head at a position (the fold of the log up to it); on the loop thread.
+
+        A head event lets a reader (the Spark source) know the watermark at a position before any
+        subscription has acknowledged there. It goes out on the same producer as the tables, in
+        the order published; one whose send failed is sent again unless a later one of its
+        partition went out since (a reader never needs an older one: the watermark only grows
+        along the log).
+        """
+        companion = self._companion(head.topic)
+        if companion.producer is None:
+            self._wait_for_producer(companion, head)
+            return
+        self._send_head(companion, head)
+
+    def _companion(self, topic: str) -> Companion:
+        name = watermark_topic_for(topic, self._namespace)
         companion = self._companions.get(name)
         if companion is None:
             companion = self._companions[name] = Companion(name)
-        if companion.producer is None:
-            companion.waiting.append(table)
-            if not companion.creating:
-                companion.creating = True
-                self._created += 1
-                self._pool.submit(self._create, companion, f"__wm_dispatch-{self._instance_id}-{self._created}")
-            return
-        self._send(companion, table)
+        return companion
+
+    def _wait_for_producer(self, companion: Companion, item: PublishTable | HeadWatermark) -> None:
+        companion.waiting.append(item)
+        if not companion.creating:
+            companion.creating = True
+            self._created += 1
+            self._pool.submit(self._create, companion, f"__wm_dispatch-{self._instance_id}-{self._created}")
 
     def ensure_namespace(self) -> None:
         """Create the watermark namespace where the broker lets us (a cluster without authorization).
@@ -135,8 +169,11 @@ class WatermarkDispatcher:
             return
         companion.producer = producer
         waiting, companion.waiting = companion.waiting, []
-        for table in waiting:
-            self._send(companion, table)
+        for item in waiting:
+            if isinstance(item, HeadWatermark):
+                self._send_head(companion, item)
+            else:
+                self._send(companion, item)
 
     def _retry_create(self, companion: Companion) -> None:
         if companion.producer is None and not companion.creating and self._companions.get(companion.topic) is companion:
@@ -161,6 +198,40 @@ class WatermarkDispatcher:
         except pulsar.PulsarException as exc:
             failure = exc
             post(lambda: self._sent(companion, table, failure))
+
+    def _send_head(self, companion: Companion, head: HeadWatermark) -> None:
+        assert companion.producer is not None
+        key = head_key(head.partition)
+        companion.latest_head[key] = head
+        post = self._post
+
+        def sent(result: pulsar.Result, _msg_id: pulsar.MessageId) -> None:  # on a client thread
+            post(lambda: self._head_sent(companion, head, result))
+
+        try:
+            companion.producer.send_async(
+                encode_head(head), sent, partition_key=key, properties={EVENT_PROPERTY: HEAD_WATERMARK}
+            )
+        except pulsar.PulsarException as exc:
+            failure = exc
+            post(lambda: self._head_sent(companion, head, failure))
+
+    def _head_sent(self, companion: Companion, head: HeadWatermark, result: object) -> None:
+        if result == pulsar.Result.Ok:
+            self._maybe_compact(companion)
+            return
+        log.debug("publishing a head event on %s failed (%s); sending again", companion.topic, result)
+        self._retry_later(lambda: self._resend_head(companion, head))
+
+    def _resend_head(self, companion: Companion, head: HeadWatermark) -> None:
+        if self._companions.get(companion.topic) is not companion:
+            return
+        if companion.latest_head.get(head_key(head.partition)) is not head:
+            return  # a later head event of that partition went out since
+        if companion.producer is None:
+            self._wait_for_producer(companion, head)
+        else:
+            self._send_head(companion, head)
 
     def _sent(self, companion: Companion, table: PublishTable, result: object) -> None:
         first = table.events[0]
@@ -190,8 +261,7 @@ class WatermarkDispatcher:
         if companion.latest.get(table_key(first.partition)) != first.seq:
             return  # a later table of that partition went out since
         if companion.producer is None:
-            companion.waiting.append(table)
-            self._retry_create(companion)
+            self._wait_for_producer(companion, table)
         else:
             self._send(companion, table)
 

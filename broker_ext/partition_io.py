@@ -61,6 +61,7 @@ from watermark_core.protocol import (
     decode_marker,
     position_of,
 )
+from watermark_core.protocol import HeadWatermark as HeadEvent
 from watermark_core.snapshot import encode_snapshot
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class PartitionIO:
         self.consumer: pulsar.Consumer | None = None
         self.subscribing = False
         self.head: HeadWatermark | None = None
-        """The head state's latest watermark and where it took effect (for a Spark source to read, later)."""
+        """The head state's latest watermark and where it took effect (published as a head event)."""
         self._producer: pulsar.Producer | None = None
         self._creating_producer = False
         self._waiting_write: WriteSnapshot | None = None
@@ -246,6 +247,12 @@ class PartitionIO:
             self._read(lambda: read_marker_at(self.ctx.client, self.topic, command))
         elif isinstance(command, HeadWatermark):
             self.head = command
+            if command.watermark is not None:
+                # The watermark at this position of the log, for readers that need it before any
+                # subscription has acknowledged there (the Spark source); tables go out as before.
+                self.ctx.dispatcher.publish_head(
+                    HeadEvent(self.base_topic, self.partition, command.position[:2], command.watermark)
+                )
         elif isinstance(command, BrokenAssertion):
             self.ctx.metrics.broken_assertions.labels(*labels, command.producer).inc()
         elif isinstance(command, UnusableSnapshot):

@@ -16,7 +16,7 @@ from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound, durable_
 from pulsar_access.errors import explained
 from pulsar_access.settings import PulsarSettings
 from pulsar_access.topics import base_topic_and_partition, full_name, partition_name, watermark_topic_for
-from watermark_core.protocol import MalformedMarker, WatermarkEvent, decode_table
+from watermark_core.protocol import HEAD_KEY_PREFIX, MalformedMarker, WatermarkEvent, decode_table
 
 
 def latest_events(client: pulsar.Client, topic: str) -> dict[tuple[int, str], WatermarkEvent]:
@@ -28,7 +28,9 @@ def latest_events(client: pulsar.Client, topic: str) -> dict[tuple[int, str], Wa
     base = base_topic_and_partition(topic)[0]
     latest: dict[tuple[int, str], WatermarkEvent] = {}
 
-    def take(_key: str, payload: bytes) -> None:
+    def take(key: str, payload: bytes) -> None:
+        if key.startswith(HEAD_KEY_PREFIX):
+            return  # a HeadWatermark event: the partition head's watermark, not a subscription's
         with contextlib.suppress(MalformedMarker):  # counted and logged by consumers; status shows the rest
             for event in decode_table(payload):
                 if event.topic == base:

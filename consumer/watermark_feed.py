@@ -19,7 +19,14 @@ import pulsar
 
 from pulsar_access.errors import explained, service_url_of
 from pulsar_access.topics import base_topic_and_partition, watermark_topic_for
-from watermark_core.protocol import MalformedMarker, Watermark, WatermarkEvent, decode_table
+from watermark_core.protocol import (
+    EVENT_PROPERTY,
+    HEAD_WATERMARK,
+    MalformedMarker,
+    Watermark,
+    WatermarkEvent,
+    decode_table,
+)
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +106,8 @@ class WatermarkFeed:
             self._handle(message)
 
     def _handle(self, message: pulsar.Message) -> None:
+        if message.properties().get(EVENT_PROPERTY) == HEAD_WATERMARK:
+            return  # the watermark at the partition's head: not a subscription's (the Spark source reads them)
         try:
             events = decode_table(message.data())
         except MalformedMarker as exc:

@@ -67,29 +67,49 @@ def register(spark: Any) -> None:
     spark.dataSource.register(data_source())
 
 
+WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
+"""The column metadata by which Spark knows an event-time column (`EventTimeWatermark.delayKey`)."""
+_CLOCK = "__broker_watermark_clock"
+
+
 def read_stream(spark: Any, **options: Any) -> Any:
-    """A stream of the topic whose Spark watermark is the broker watermark.
+    """A stream of Pulsar topics whose Spark watermark is the broker watermark.
 
-    Options: `topic`, `subscription` (required), `serviceUrl`, `adminUrl`, `startingPosition`
-    (earliest | latest), `maxMessagesPerTrigger`. Write ordinary Spark code on the result
-    (`groupBy(window("event_time", ...))`, append mode) and do not add `withWatermark`: Spark's
-    watermark is already the broker's. A window closes once the broker watermark passes its end,
-    one micro-batch later, also when no data arrives.
+    Options (see `spark_sink.source.SourceOptions`): `topic`, `topics` (comma list) or
+    `topicsPattern`; `subscription` (required); `serviceUrl` / `service.url`, `adminUrl` / `admin.url`,
+    `authToken`, `pulsar.client.*`; `startingOffsets` (earliest | latest | per-partition JSON),
+    `maxOffsetsPerTrigger`, `failOnDataLoss`, `minPartitions`.
 
-    How: the data branch (data rows plus a row carrying the broker watermark whenever it moves) and
-    a branch that reads only those watermark rows each get `withWatermark("event_time", "0 seconds")`;
-    Spark's global watermark is the minimum of the two, which is the broker watermark. The filter
-    that removes the watermark rows refers to `event_time`, so the optimizer keeps it above the
-    watermark nodes. Data is read once: the second branch reads no data.
+    Columns: `key`, `value`, `event_time`, `publish_time`, `topic`, `partition`, `message_id`,
+    `properties` and `late` (the row's event time is below the broker watermark Spark holds while
+    reading it: its producer broke its promise; Spark drops such a row in a windowed aggregation if
+    its window has closed, so route `late` rows elsewhere to see them). Write ordinary Spark code on
+    the result (`groupBy(window("event_time", ...))`, append mode) and do not add `withWatermark`:
+    Spark's watermark is already the broker's. After each micro-batch it is the broker watermark at
+    the batch's end position (the minimum over every partition of every topic read); a window closes
+    in the next micro-batch once that passes its end, also when no data arrives.
+
+    How: the source puts the broker watermark at the batch's end on every row (`watermark`) and, when
+    it moved, on one extra row (`is_watermark`). Spark's watermark is the maximum of a column that is
+    `least(event_time, watermark)` on data rows and the watermark on that extra row: exactly the
+    broker watermark. The extra row is dropped above the watermark node by `NOT is_watermark OR
+    clock < watermark`: one conjunct that refers to the clock column, which the optimizer can
+    neither split nor fold (a filter without the clock, or with a null test on it, which it folds
+    since the clock is never null, is pushed below the watermark node and the extra row never
+    counts). `event_time` is then marked as the event-time column Spark's windows and state eviction
+    use. One source, read once.
     """
     from pyspark.sql import functions as F
 
     register(spark)
-    options = {k: str(v) for k, v in options.items() if k.lower() != "watermarksonly"}
-    data = spark.readStream.format(FORMAT).options(**options).load().withWatermark("event_time", "0 seconds")
-    marks = (
-        spark.readStream.format(FORMAT).options(**options).option("watermarksOnly", "true").load()
-        .withWatermark("event_time", "0 seconds")
+    options = {k: str(v) for k, v in options.items()}
+    raw = spark.readStream.format(FORMAT).options(**options).load()
+    epoch = F.lit(0).cast("timestamp")
+    clock = F.least(F.col("event_time"), F.coalesce(F.col("watermark"), epoch))
+    marked = raw.withColumn(_CLOCK, clock).withWatermark(_CLOCK, "0 seconds")
+    data = marked.filter(~F.col("is_watermark") | (F.col(_CLOCK) < F.col("watermark")))
+    return data.select(
+        "key", "value",
+        F.col("event_time").alias("event_time", metadata={WATERMARK_DELAY_KEY: 0}),
+        "publish_time", "topic", "partition", "message_id", "properties", "late",
     )  # fmt: skip
-    keep = F.when(F.col("is_watermark"), F.lit(None)).otherwise(F.col("event_time")).isNotNull()
-    return data.unionByName(marks).filter(keep).drop("is_watermark")

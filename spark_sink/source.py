@@ -1,96 +1,163 @@
-"""`spark.readStream.format("pulsar-watermark")`: a Pulsar topic as a Spark stream, with its watermark.
+"""`spark.readStream.format("pulsar-watermark")`: Pulsar topics as a Spark stream, with their watermark.
 
-Offsets live in Spark's checkpoint: per partition the last position read (ledger, entry) and the
-broker watermark of the subscription. The driver finds the end of each batch (the partitions' last
-entries from the admin API, the watermark from the generator's companion topic, read *before* the
-ends so that everything below the watermark lies inside the batch); executors read exactly the
-range with a Pulsar reader, hiding markers. After Spark commits a batch, the subscription is
-acknowledged up to the batch's end, so the broker watermark follows what Spark has finished.
+Offsets live in Spark's checkpoint (`SourceOffset`): per partition of every topic read, the last
+entry of the batch (ledger, entry), and the broker watermark *at those ends*. The driver takes each
+partition's last entry from the admin API and the watermark at that entry from what the generator
+published (`spark_sink.watermarks`: the head events it publishes as it folds markers, and the
+subscriptions' tables), the minimum over every partition. Executors read exactly the range with a
+Pulsar reader, hide markers and hand Spark Arrow record batches. The subscription is acknowledged
+up to each batch's end once Spark has finished it, so the broker's own view of the subscription
+(retention, backlog, `broker-ext status`) follows the query, and its watermark there is the one
+Spark has.
 
 Besides data, a batch carries one row with `is_watermark = true` and `event_time` = the broker
-watermark whenever that watermark moved; `read_stream` (in `spark_sink`) turns those rows into
-Spark's own event-time watermark.
+watermark whenever that watermark moved; every row has `watermark` (the broker watermark at the
+batch's end) and `late` (its event time is below the broker watermark Spark holds while reading it:
+its producer broke its promise). `read_stream` (in `spark_sink`) turns these into Spark's own
+event-time watermark.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from pulsar_access.topics import full_name, partition_name
-from spark_sink.offsets import NO_WATERMARK, Entry, SourceOffset
+from pulsar_access.topics import TopicName, base_topic_and_partition, full_name, is_watermark_topic, partition_name
+from spark_sink.clients import CLIENT_OPTION_PREFIX, client_options, shared_client
+from spark_sink.offsets import NO_WATERMARK, Entry, Ledgers, PartitionKey, SourceOffset, share_limit
+
+log = logging.getLogger(__name__)
 
 SCHEMA = (
     "key string, value binary, event_time timestamp, publish_time timestamp, topic string, partition int, "
-    "message_id string, properties map<string,string>, is_watermark boolean"
+    "message_id string, properties map<string,string>, late boolean, is_watermark boolean, watermark timestamp"
 )
 
-
 SOURCE_OPTIONS = (
-    "topic", "subscription", "serviceUrl", "adminUrl", "authToken", "startingPosition", "maxMessagesPerTrigger",
-    "watermarksOnly", "path",
+    "topic", "topics", "topicsPattern", "subscription", "serviceUrl", "service.url", "adminUrl", "admin.url",
+    "authToken", "startingOffsets", "startingPosition", "maxOffsetsPerTrigger", "maxMessagesPerTrigger",
+    "failOnDataLoss", "minPartitions", "path",
 )  # fmt: skip
+"""Known option names; `pulsar.client.*` pass through to `pulsar.Client`. "path" (last) is Spark's own."""
+
+ROWS_PER_ARROW_BATCH = 8192
+MIN_ENTRIES_PER_SPLIT = 2000
+"""A partition's range is cut for more tasks only into pieces of at least this many entries."""
+RECEIVER_QUEUE = 5000
+DISCOVERY_INTERVAL_S = 10.0
+"""How often new partitions, and topics matching `topicsPattern`, are looked for."""
 
 
-def check_option_names(options: Any, known: Sequence[str]) -> None:
+def check_option_names(options: Any, known: Sequence[str], prefixes: Sequence[str] = ()) -> None:
     """An option name we do not know is a typo until proven otherwise: say which one was meant."""
     import difflib
 
     by_lower = {name.lower(): name for name in known}
     for name in options:
-        if str(name).lower() not in by_lower:
-            close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=1, cutoff=0.6)
-            hint = f"did you mean '{by_lower[close[0]]}'? " if close else ""
-            raise ValueError(
-                f"unknown option '{name}' for format pulsar-watermark; {hint}known options: {', '.join(known[:-1])}"
-            )
+        lowered = str(name).lower()
+        if lowered in by_lower or any(lowered.startswith(prefix) for prefix in prefixes):
+            continue
+        close = difflib.get_close_matches(lowered, list(by_lower), n=1, cutoff=0.6)
+        hint = f"did you mean '{by_lower[close[0]]}'? " if close else ""
+        raise ValueError(
+            f"unknown option '{name}' for format pulsar-watermark; {hint}known options: {', '.join(known[:-1])}"
+            + "".join(f", {prefix}*" for prefix in prefixes)
+        )
+
+
+def _positive_int(name: str, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number <= 0:
+        raise ValueError(f"option '{name}' must be a positive integer, got {value!r}")
+    return number
 
 
 class SourceOptions:
-    """The options a Spark user passes, checked once with errors that name the fix."""
+    """The options a Spark user passes, checked once with errors that name the fix.
+
+    Named as in Spark's Kafka source where there is a match: `topic` / `topics` (comma list) /
+    `topicsPattern` (a regex over full topic names; a bare one means `persistent://public/default/`),
+    `startingOffsets`, `maxOffsetsPerTrigger`, `failOnDataLoss`, `minPartitions`; `serviceUrl` /
+    `service.url`, `adminUrl` / `admin.url` and `pulsar.client.*` as Pulsar users know them.
+    """
 
     def __init__(self, options: Any) -> None:
         from pulsar_access.errors import checked_admin_url, checked_service_url
-
-        check_option_names(options, SOURCE_OPTIONS)
-
-        def get(name: str, default: str | None = None) -> str | None:
-            value = options.get(name)  # Spark's options are case-insensitive (stored lower-case)
-            return default if value is None else str(value)
-
-        topic, subscription = get("topic"), get("subscription")
-        if not topic:
-            raise ValueError("option 'topic' is required: .option('topic', 'my-topic')")
-        if not subscription:
-            raise ValueError("option 'subscription' is required: .option('subscription', 'my-spark-job')")
-        self.topic: str = topic
-        self.subscription: str = subscription
         from pulsar_access.settings import PulsarSettings
 
-        env = PulsarSettings.from_env()
-        self.service_url = get("serviceUrl", env.service_url) or env.service_url
-        self.admin_url = (get("adminUrl", env.admin_url) or env.admin_url).rstrip("/")
-        where = "option 'serviceUrl' (or PULSAR_SERVICE_URL)"
-        checked_service_url(self.service_url, where)
-        checked_admin_url(self.admin_url, "option 'adminUrl' (or PULSAR_ADMIN_URL)")
-        self.auth_token = get("authToken", env.auth_token)
-        self.starting_position = (get("startingPosition", "earliest") or "earliest").lower()
-        if self.starting_position not in ("earliest", "latest"):
+        check_option_names(options, SOURCE_OPTIONS, (CLIENT_OPTION_PREFIX,))
+
+        def get(*names: str) -> str | None:
+            for name in names:  # Spark's options are case-insensitive (stored lower-case)
+                value = options.get(name)
+                if value is not None:
+                    return str(value)
+            return None
+
+        topic, topics, pattern = get("topic"), get("topics"), get("topicsPattern")
+        given = [name for name, value in (("topic", topic), ("topics", topics), ("topicsPattern", pattern)) if value]
+        if not given:
             raise ValueError(
-                f"option 'startingPosition' must be 'earliest' or 'latest', got {self.starting_position!r}"
+                "option 'topic' is required (or 'topics', a comma list, or 'topicsPattern', a regex): "
+                ".option('topic', 'my-topic')"
             )
-        cap = get("maxMessagesPerTrigger")
+        if len(given) > 1:
+            raise ValueError(f"give one of the options 'topic', 'topics' and 'topicsPattern', not {given}")
+        names = [topic] if topic else [t.strip() for t in (topics or "").split(",") if t.strip()]
         try:
-            self.max_entries = int(cap) if cap is not None else None
-        except ValueError:
-            raise ValueError(f"option 'maxMessagesPerTrigger' must be a positive integer, got {cap!r}") from None
-        if self.max_entries is not None and self.max_entries <= 0:
-            raise ValueError(f"option 'maxMessagesPerTrigger' must be a positive integer, got {cap!r}")
-        self.watermarks_only = (get("watermarksOnly", "false") or "false").lower() == "true"
+            self.topics: list[str] = sorted({full_name(name) for name in names})
+        except ValueError as exc:
+            raise ValueError(f"option '{given[0]}': {exc}") from None
+        self.pattern: re.Pattern[str] | None = None
+        self.pattern_namespace = ""
+        if pattern:
+            self.pattern, self.pattern_namespace = _topic_pattern(pattern)
+        subscription = get("subscription")
+        if not subscription:
+            raise ValueError("option 'subscription' is required: .option('subscription', 'my-spark-job')")
+        self.subscription: str = subscription
+
+        env = PulsarSettings.from_env()
+        self.service_url = get("serviceUrl", "service.url") or env.service_url
+        self.admin_url = (get("adminUrl", "admin.url") or env.admin_url).rstrip("/")
+        checked_service_url(self.service_url, "option 'serviceUrl' (or PULSAR_SERVICE_URL)")
+        checked_admin_url(self.admin_url, "option 'adminUrl' (or PULSAR_ADMIN_URL)")
+        self.auth_token = get("authToken") or env.auth_token
+        self.client_options = client_options(options)
+
+        starting_name = "startingOffsets" if get("startingOffsets") is not None else "startingPosition"
+        self.starting_offsets = _starting_offsets(starting_name, get("startingOffsets", "startingPosition"))
+        cap_name = "maxOffsetsPerTrigger" if get("maxOffsetsPerTrigger") is not None else "maxMessagesPerTrigger"
+        self.max_offsets = _positive_int(cap_name, get("maxOffsetsPerTrigger", "maxMessagesPerTrigger"))
+        fail = (get("failOnDataLoss") or "true").lower()
+        if fail not in ("true", "false"):
+            raise ValueError(f"option 'failOnDataLoss' must be 'true' or 'false', got {fail!r}")
+        self.fail_on_data_loss = fail == "true"
+        self.min_partitions = _positive_int("minPartitions", get("minPartitions")) or os.cpu_count() or 1
+
+    @property
+    def topic(self) -> str | None:
+        """The one topic named by option 'topic' (or a one-element 'topics'): the topic of older checkpoints."""
+        return self.topics[0] if len(self.topics) == 1 and self.pattern is None else None
+
+    @property
+    def starting_position(self) -> str:
+        """'earliest', 'latest' or 'json' (per-partition positions in `starting_offsets`)."""
+        return self.starting_offsets if isinstance(self.starting_offsets, str) else "json"
 
     def settings(self) -> Any:
         from pulsar_access.settings import PulsarSettings
@@ -98,239 +165,556 @@ class SourceOptions:
         return PulsarSettings(self.service_url, self.admin_url, self.auth_token)
 
 
-class TopicRange(InputPartition):
-    """What one task reads: a partition's (start, end] and, maybe, the watermark row. Picklable."""
+def _topic_pattern(pattern: str) -> tuple[re.Pattern[str], str]:
+    """A regex over full topic names, and the namespace to list (a bare regex: public/default)."""
+    domain, sep, rest = pattern.partition("://")
+    if not sep:
+        domain, rest = "persistent", f"public/default/{pattern}"
+    parts = rest.split("/", 2)
+    if len(parts) != 3 or not all(parts):
+        raise ValueError(
+            f"option 'topicsPattern' {pattern!r} must be a regex over topic names, e.g. 'sensor-.*' or "
+            "'persistent://tenant/namespace/sensor-.*'"
+        )
+    try:
+        return re.compile(f"{domain}://{rest}"), f"{parts[0]}/{parts[1]}"
+    except re.error as exc:
+        raise ValueError(f"option 'topicsPattern' {pattern!r} is not a regex: {exc}") from None
 
-    def __init__(self, partition: int, start: Entry | None, end: Entry | None, watermark: int | None) -> None:
-        super().__init__((partition, start, end, watermark))
-        self.partition = partition
+
+StartingOffsets = str | dict[PartitionKey, Entry | str]
+
+
+def _starting_offsets(name: str, value: str | None) -> StartingOffsets:
+    """'earliest' (the default), 'latest', or per partition: {"topic": {"0": [ledger, entry] | "earliest" |
+    "latest" | -2 | -1}}, [ledger, entry] being the first entry to read, as Kafka's offsets are."""
+    text = (value or "earliest").strip()
+    if text.lower() in ("earliest", "latest"):
+        return text.lower()
+    fix = (
+        f"option '{name}' must be 'earliest' or 'latest' or per-partition JSON like "
+        '{"my-topic": {"0": [ledger, entry], "1": "earliest"}}'
+    )
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise ValueError(f"{fix}, got {value!r}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{fix}, got {value!r}")
+    starts: dict[PartitionKey, Entry | str] = {}
+    try:
+        for topic, partitions in data.items():
+            for index, start in dict(partitions).items():
+                key = (full_name(str(topic)), int(index))
+                if start in ("earliest", -2):
+                    starts[key] = "earliest"
+                elif start in ("latest", -1):
+                    starts[key] = "latest"
+                else:
+                    ledger, entry = (int(x) for x in start)
+                    starts[key] = (ledger, entry - 1)  # the entry before the first one to read
+    except (TypeError, ValueError):
+        raise ValueError(f"{fix}, got {value!r}") from None
+    return starts
+
+
+class TopicRange(InputPartition):
+    """What one task reads: a partition's entries in (start, end], maybe the watermark row. Picklable.
+
+    `watermark` is the broker watermark at the batch's end (None before there is one), `late_below`
+    the one Spark holds while it reads this batch (the watermark at the batch's start).
+    """
+
+    def __init__(
+        self,
+        key: PartitionKey | None,
+        start: Entry | None,
+        end: Entry | None,
+        watermark: int | None,
+        late_below: int | None,
+        watermark_row: bool,
+    ) -> None:
+        super().__init__((key, start, end, watermark, late_below, watermark_row))
+        self.key = key
         self.start = start
         self.end = end
         self.watermark = watermark
+        self.late_below = late_below
+        self.watermark_row = watermark_row
 
 
-def _timestamp(ms: int | None) -> datetime | None:
-    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
+def _present(watermark: int) -> int | None:
+    return None if watermark == NO_WATERMARK else watermark
 
 
-class PulsarStreamReader(DataSourceStreamReader):
+class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Driver side: offsets and commits. Executor side: `read`. Pulsar handles are never pickled."""
 
     def __init__(self, schema: StructType, options: Any) -> None:
+        self.schema = schema
         self.options = SourceOptions(options)
         self._driver: _DriverState | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "_driver": None}
+        return {"schema": self.schema, "options": self.options, "_driver": None}
 
     def _state(self) -> _DriverState:
         if self._driver is None:
             self._driver = _DriverState(self.options)
         return self._driver
 
+    def _offset(self, data: Mapping[str, Any] | None) -> SourceOffset:
+        return SourceOffset.from_json(data, self.options.topic)
+
     def initialOffset(self) -> dict[str, Any]:
-        if self.options.watermarks_only:
-            return SourceOffset().to_json()
         return SourceOffset(self._state().starting_positions()).to_json()
 
-    def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
-        """Watermark first, then the partitions' ends: nothing below the watermark lies past them."""
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """`maxOffsetsPerTrigger` as Spark's own read limit (Spark passes it back to `latestOffset`)."""
+        if self.options.max_offsets is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.options.max_offsets)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Trigger.AvailableNow: read up to the ends as they are now, then stop."""
         state = self._state()
-        begin = SourceOffset.from_json(start) if start else state.last_end
-        # The offset this was last called for (or returned) is a batch Spark has finished: Spark
-        # asks for the next end only after the previous batch completed. Acknowledging it here,
-        # rather than only in commit() (which Spark calls when the *next* batch starts), lets the
-        # broker watermark move even when no new data would start another batch.
-        if begin is not None and not self.options.watermarks_only:
-            state.acknowledge(begin)
-        watermark = max(state.watermark(), begin.watermark if begin else NO_WATERMARK, state.last_watermark)
-        state.last_watermark = watermark
-        if self.options.watermarks_only:
-            return SourceOffset(watermark=watermark).to_json()
-        end = SourceOffset(state.ends(), watermark)
-        if self.options.max_entries is not None and begin is not None:
-            end = end.capped(begin, self.options.max_entries)
+        state.available_now = state.ends(state.partitions())
+
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, Any]:
+        """The partitions' ends (within `limit`), and the broker watermark at those ends."""
+        state = self._state()
+        begin = self._offset(start) if start else state.last_end or SourceOffset(state.starting_positions())
+        # `begin` is a batch Spark has finished: Spark asks for the next end only after the previous
+        # batch completed. Acknowledging it here, rather than only in commit() (which Spark calls when
+        # the *next* batch starts), lets the subscription follow the query even when no new data
+        # would start another batch.
+        state.acknowledge(begin)
+        end = state.next_end(begin, limit.max_rows if isinstance(limit, ReadMaxRows) else None)
         state.last_end = end
         return end.to_json()
 
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return self._driver.last_end.to_json() if self._driver is not None and self._driver.last_end else None
+
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        begin, stop = SourceOffset.from_json(start), SourceOffset.from_json(end)
-        watermark = stop.watermark if stop.watermark > begin.watermark and stop.watermark >= 0 else None
-        ranges: list[InputPartition] = [
-            TopicRange(partition, first, last, None) for partition, first, last in stop.ranges_after(begin)
+        begin, stop = self._offset(start), self._offset(end)
+        watermark, late_below = _present(stop.watermark), _present(begin.watermark)
+        moved = watermark is not None and stop.watermark > begin.watermark
+        ranges = stop.ranges_after(begin)
+        pieces = self._state().split(ranges, self.options.min_partitions) if ranges else []
+        tasks: list[InputPartition] = [
+            TopicRange(key, first, last, watermark, late_below, moved and index == 0)
+            for index, (key, first, last) in enumerate(pieces)
         ]
-        if watermark is not None:
-            if ranges:
-                first = ranges[0]
-                assert isinstance(first, TopicRange)
-                ranges[0] = TopicRange(first.partition, first.start, first.end, watermark)
-            else:
-                ranges.append(TopicRange(-2, None, None, watermark))
-        return ranges
+        if moved and not tasks:
+            tasks.append(TopicRange(None, None, None, watermark, late_below, True))
+        return tasks
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark finished every batch up to `end`: acknowledge the subscription up to there."""
-        if not self.options.watermarks_only:
-            self._state().acknowledge(SourceOffset.from_json(end))
+        self._state().acknowledge(self._offset(end))
 
     def stop(self) -> None:
         if self._driver is not None:
             self._driver.close()
             self._driver = None
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """Executor: Arrow record batches of the range's data messages, markers hidden."""
         assert isinstance(partition, TopicRange)
-        if partition.end is not None:
-            yield from _read_range(self.options, partition)
-        if partition.watermark is not None:
-            yield (None, None, _timestamp(partition.watermark), None, self.options.topic, None, None, None, True)
+        batches = _ArrowRows(self.schema, partition)
+        if partition.key is not None and partition.end is not None:
+            yield from _read_range(self.options, partition, batches)
+        if partition.watermark_row and partition.watermark is not None:
+            yield batches.watermark_row(partition.watermark)
 
 
-def _read_range(options: SourceOptions, part: TopicRange) -> Iterator[tuple[Any, ...]]:
-    """Executor: the data messages of one partition in (start, end], markers hidden."""
+class _ArrowRows:
+    """Columns of one task's rows, handed to Spark as Arrow record batches of the source's schema."""
+
+    def __init__(self, schema: StructType, part: TopicRange) -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.schema = to_arrow_schema(schema, timezone="UTC")
+        self.part = part
+        self.topic = part.key[0] if part.key else None
+        self.partition = part.key[1] if part.key else None
+        self.keys: list[str] = []
+        self.values: list[bytes] = []
+        self.event_times: list[int] = []
+        self.publish_times: list[int] = []
+        self.ledgers: list[int] = []
+        self.entries: list[int] = []
+        self.batch_indexes: list[int] = []
+        self.property_offsets: list[int] = [0]
+        self.property_keys: list[str] = []
+        self.property_values: list[str] = []
+        self._columns = (
+            self.keys, self.values, self.event_times, self.publish_times, self.ledgers, self.entries,
+            self.batch_indexes, self.property_keys, self.property_values,
+        )  # fmt: skip
+
+    def add_properties(self, properties: Mapping[str, str]) -> None:
+        """One row's message properties (most messages have none: then this only records an offset)."""
+        if properties:
+            self.property_keys.extend(properties.keys())
+            self.property_values.extend(properties.values())
+        self.property_offsets.append(len(self.property_keys))
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def batch(self) -> Any:
+        """The rows collected so far as one record batch (computed column-wise), then empty again."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        rows = len(self.values)
+        types = {field.name: field.type for field in self.schema}
+        event_ms = pa.array(self.event_times, pa.int64())
+        publish_ms = pa.array(self.publish_times, pa.int64())
+        event_ms = pc.if_else(pc.equal(event_ms, 0), publish_ms, event_ms)  # no event time: its publish time
+        keys = pa.array(self.keys, pa.string())
+        ids = pc.binary_join_element_wise(
+            pc.cast(pa.array(self.ledgers, pa.int64()), pa.string()),
+            pc.cast(pa.array(self.entries, pa.int64()), pa.string()),
+            pc.cast(pa.array(self.batch_indexes, pa.int64()), pa.string()),
+            ":",
+        )
+        late_below = self.part.late_below
+        late = (
+            pc.less(event_ms, pa.scalar(late_below, pa.int64())) if late_below is not None
+            else pa.repeat(pa.scalar(False), rows)
+        )  # fmt: skip
+        columns = {
+            "key": pc.if_else(pc.equal(keys, ""), pa.scalar(None, pa.string()), keys),
+            "value": pa.array(self.values, pa.binary()),
+            "event_time": _timestamps(event_ms, types["event_time"]),
+            "publish_time": _timestamps(publish_ms, types["publish_time"]),
+            "topic": pa.repeat(pa.scalar(self.topic, pa.string()), rows),
+            "partition": pa.repeat(pa.scalar(self.partition, pa.int32()), rows),
+            "message_id": ids,
+            "properties": pa.MapArray.from_arrays(
+                pa.array(self.property_offsets, pa.int32()),
+                pa.array(self.property_keys, pa.string()),
+                pa.array(self.property_values, pa.string()),
+                type=types["properties"],
+            ),
+            "late": late,
+            "is_watermark": pa.repeat(pa.scalar(False), rows),
+            "watermark": pa.repeat(_timestamp_scalar(self.part.watermark, types["watermark"]), rows),
+        }
+        for column in self._columns:
+            column.clear()
+        del self.property_offsets[1:]
+        return pa.RecordBatch.from_arrays([columns[field.name] for field in self.schema], schema=self.schema)
+
+    def watermark_row(self, watermark: int) -> Any:
+        """The row that carries the broker watermark at the batch's end into Spark."""
+        import pyarrow as pa
+
+        stamp = pa.array([watermark * 1000], pa.int64())
+        values = {"late": pa.array([False]), "is_watermark": pa.array([True]), "topic": pa.array([self.topic])}
+        columns = [
+            stamp.cast(field.type) if field.name in ("event_time", "watermark")
+            else values[field.name].cast(field.type) if field.name in values
+            else pa.nulls(1, field.type)
+            for field in self.schema
+        ]  # fmt: skip
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+
+def _timestamps(millis: Any, arrow_type: Any) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.multiply(millis, pa.scalar(1000, pa.int64())).cast(arrow_type)
+
+
+def _timestamp_scalar(millis: int | None, arrow_type: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.scalar(None if millis is None else millis * 1000, pa.int64()).cast(arrow_type)
+
+
+def _read_range(options: SourceOptions, part: TopicRange, rows: _ArrowRows) -> Iterator[Any]:
+    """Executor: the data messages of one partition in (start, end], markers hidden, as record batches."""
     import pulsar
 
     from pulsar_access.errors import explained
     from watermark_core.protocol import MARKER_PROPERTY
 
-    topic = full_name(options.topic)
-    name = partition_name(topic, part.partition)
-    client = options.settings().client()
+    assert part.key is not None and part.end is not None
+    name = partition_name(*part.key)
+    client = shared_client(options.settings(), options.client_options)
     start_id = (
         pulsar.MessageId.earliest if part.start is None else pulsar.MessageId(-1, part.start[0], part.start[1], -1)
     )
-    try:
-        with explained(service_url=options.service_url, topic=name, doing="read"):
-            reader = client.create_reader(name, start_id, start_message_id_inclusive=False)
-    except BaseException:
-        client.close()
-        raise
-    end = (part.end[0], part.end[1]) if part.end is not None else (-1, -1)
-    last_entry: tuple[int, int] | None = None
+    with explained(service_url=options.service_url, topic=name, doing="read"):
+        reader = client.create_reader(
+            name, start_id, start_message_id_inclusive=False, receiver_queue_size=RECEIVER_QUEUE
+        )
+    start = part.start or (-1, -1)
+    end = part.end
+    last_entry: Entry | None = None
+    keys, values, event_times, publish_times = rows.keys, rows.values, rows.event_times, rows.publish_times
+    # The client's own reader under its Python wrapper: the same calls, without a wrapper object and
+    # an extra Python frame per message and accessor.
+    read_next = getattr(getattr(reader, "_reader", None), "read_next", None) or reader.read_next
     try:
         while True:
             if last_entry == end and not reader.has_message_available():
                 break  # the end entry was the topic's last one (a batch whose size we cannot see)
             try:
-                message = reader.read_next(timeout_millis=30_000)
+                message = read_next(30_000)
             except pulsar.Timeout:
                 raise RuntimeError(f"{name}: messages up to {end} were not readable within 30 s") from None
             msg_id = message.message_id()
             entry = (msg_id.ledger_id(), msg_id.entry_id())
-            if part.start is not None and entry <= (part.start[0], part.start[1]):
+            if entry <= start:
                 continue
             if entry > end:
                 break
             properties = message.properties()
+            batch_index = msg_id.batch_index()
             if MARKER_PROPERTY not in properties:
-                event_time = message.event_timestamp() or message.publish_timestamp()
-                yield (
-                    message.partition_key() or None,
-                    message.data(),
-                    _timestamp(event_time),
-                    _timestamp(message.publish_timestamp()),
-                    topic,
-                    part.partition,
-                    f"{entry[0]}:{entry[1]}:{msg_id.batch_index()}",
-                    dict(properties),
-                    False,
-                )
-            if entry == end and msg_id.batch_index() < 0:
+                keys.append(message.partition_key())
+                values.append(message.data())
+                event_times.append(message.event_timestamp())
+                publish_times.append(message.publish_timestamp())
+                rows.ledgers.append(entry[0])
+                rows.entries.append(entry[1])
+                rows.batch_indexes.append(batch_index)
+                rows.add_properties(properties)
+                if len(values) >= ROWS_PER_ARROW_BATCH:
+                    yield rows.batch()
+            if entry == end and batch_index < 0:
                 break
             last_entry = entry
     finally:
         reader.close()
-        client.close()
+    if len(rows):
+        yield rows.batch()
 
 
 class _DriverState:
-    """Long-lived on Spark's driver-side Python worker: admin, watermark feed, acknowledging consumers."""
+    """Long-lived on Spark's driver-side Python worker: admin, watermark events, acknowledging consumers."""
 
     def __init__(self, options: SourceOptions) -> None:
-        from pulsar_access.admin import PulsarAdmin, TopicNotFound
+        from pulsar_access.admin import PulsarAdmin
+        from spark_sink.watermarks import CompanionFollower, KnownWatermarks
 
         self.options = options
-        self.topic = full_name(options.topic)
         self.settings = options.settings()
         self.admin = PulsarAdmin(self.settings)
-        try:
-            count = self.admin.partitions(self.topic)
-            if count == 0:
-                self.admin.internal_stats(self.topic)
-        except TopicNotFound:
-            raise ValueError(f"topic {self.topic} does not exist; create it first or check option 'topic'") from None
-        self.partition_indexes = list(range(count)) if count else [-1]
-        self.client = self.settings.client()
-        self.last_watermark = NO_WATERMARK
+        self.client = self.settings.client(**options.client_options)
+        self.known = KnownWatermarks()
+        self.follower = CompanionFollower(self.client, self.known)
         self.last_end: SourceOffset | None = None
-        self._consumers: dict[int, Any] = {}
-        self._feed: Any = None
+        self.available_now: dict[PartitionKey, Entry | None] | None = None
+        self.ledgers: dict[PartitionKey, Ledgers] = {}
+        self._stats: dict[PartitionKey, dict[str, Any]] = {}
+        self._partitions: list[PartitionKey] = []
+        self._next_discovery = 0.0
+        self._starts: dict[PartitionKey, Entry | None] | None = None
+        self._consumers: dict[PartitionKey, Any] = {}
+        self._loss_reported: set[PartitionKey] = set()
+        self.partitions()
 
-    def _subscription_consumer(self, partition: int) -> Any:
+    # -- what is read --------------------------------------------------------------------------------
+
+    def partitions(self) -> list[PartitionKey]:
+        """Every partition of every topic read; new topics and partitions are found every few seconds."""
+        if time.monotonic() < self._next_discovery:
+            return self._partitions
+        from pulsar_access.admin import TopicNotFound
+
+        topics = list(self.options.topics)
+        if self.options.pattern is not None:
+            topics += self._matching_topics()
+        keys: list[PartitionKey] = []
+        for topic in topics:
+            try:
+                count = self.admin.partitions(topic)
+                if count == 0:
+                    self.admin.internal_stats(topic)  # TopicNotFound if it does not exist
+            except TopicNotFound:
+                if self.options.pattern is not None or self._partitions:
+                    continue  # deleted since: what was read stays in the offsets
+                raise ValueError(f"topic {topic} does not exist; create it first or check option 'topic'") from None
+            keys += [(topic, index) for index in range(count)] if count else [(topic, -1)]
+        new = [key for key in keys if key not in self._partitions]
+        if new:
+            self.follower.follow(sorted({topic for topic, _ in new}))
+            if self._partitions:
+                log.info("reading new partitions %s from their start", new)
+        self._partitions = sorted(set(self._partitions) | set(keys))
+        self._next_discovery = time.monotonic() + DISCOVERY_INTERVAL_S
+        return self._partitions
+
+    def _matching_topics(self) -> list[str]:
+        assert self.options.pattern is not None
+        found = set()
+        for name in self.admin.list_topics(self.options.pattern_namespace):
+            base, _ = base_topic_and_partition(name)
+            local = TopicName.parse(base).local
+            if not is_watermark_topic(base) and not local.startswith("__") and self.options.pattern.fullmatch(base):
+                found.add(base)
+        return sorted(found)
+
+    def starting_positions(self) -> dict[PartitionKey, Entry | None]:
+        """Where a new query starts (`startingOffsets`); the subscription is created there too."""
+        if self._starts is not None:
+            return self._starts
+        keys = self.partitions()
+        for key in keys:
+            self._subscription_consumer(key)
+        wanted = self.options.starting_offsets
+        latest = self.ends(keys)
+        starts: dict[PartitionKey, Entry | None] = {}
+        for key in keys:
+            start = wanted if isinstance(wanted, str) else wanted.get(key, "earliest")
+            if start == "earliest":
+                starts[key] = None
+            elif start == "latest":
+                starts[key] = latest.get(key)
+            else:
+                assert not isinstance(start, str)
+                starts[key] = start
+        self.acknowledge(SourceOffset(starts))
+        self._starts = starts
+        return starts
+
+    # -- ends, limits and the watermark ----------------------------------------------------------------
+
+    def ends(self, keys: Sequence[PartitionKey]) -> dict[PartitionKey, Entry | None]:
+        """Each partition's last entry (from the admin API); its ledgers are kept for limits and splits."""
+        from pulsar_access.admin import TopicNotFound, last_confirmed_entry
+
+        ends: dict[PartitionKey, Entry | None] = {}
+        for key in keys:
+            try:
+                stats = self.admin.internal_stats(partition_name(*key))
+            except TopicNotFound:
+                self._lost(key, "its topic was deleted")
+                continue
+            ledger, entry = last_confirmed_entry(stats)
+            ends[key] = (ledger, entry) if entry >= 0 else None
+            self.ledgers[key] = Ledgers.from_stats(stats)
+            self._stats[key] = stats
+        return ends
+
+    def next_end(self, begin: SourceOffset, max_entries: int | None) -> SourceOffset:
+        """The next batch's end after `begin`: every partition's last entry within the limits, and the
+        broker watermark there (never below `begin`'s: it only goes up along the log)."""
+        keys = self.partitions()
+        ends = self.ends(keys)
+        for key in keys:
+            self._check_data_loss(key, begin.partitions.get(key))
+        if self.available_now is not None:
+            ends = {key: _min_entry(end, self.available_now.get(key)) for key, end in ends.items()}
+        for key, start in begin.partitions.items():  # never back; partitions gone keep their place
+            if start is not None and (ends.get(key) is None or ends[key] < start):  # type: ignore[operator]
+                ends[key] = start
+        starts = {key: begin.partitions.get(key) for key in ends}
+        if max_entries is not None:
+            ends = share_limit(starts, ends, self.ledgers, max_entries)
+        found = self.known.watermark(ends)
+        watermark = max(begin.watermark, NO_WATERMARK if found is None else found)
+        self.known.forget_before(starts)
+        return SourceOffset(ends, watermark)
+
+    def split(
+        self, ranges: list[tuple[PartitionKey, Entry | None, Entry]], tasks: int
+    ) -> list[tuple[PartitionKey, Entry | None, Entry]]:
+        """The batch's ranges, large ones cut so that about `tasks` tasks share the work (Kafka's
+        `minPartitions`), in pieces of at least `MIN_ENTRIES_PER_SPLIT` entries."""
+        sizes = {key: self._ledgers_of(key).between(first, last) for key, first, last in ranges}
+        total = sum(sizes.values())
+        pieces: list[tuple[PartitionKey, Entry | None, Entry]] = []
+        for key, first, last in ranges:
+            wanted = round(tasks * sizes[key] / total) if total else 1
+            cuts = max(1, min(wanted, sizes[key] // MIN_ENTRIES_PER_SPLIT))
+            if cuts == 1:
+                pieces.append((key, first, last))
+            else:
+                pieces += [(key, a, b) for a, b in self._ledgers_of(key).split(first, last, cuts)]
+        return pieces
+
+    def _ledgers_of(self, key: PartitionKey) -> Ledgers:
+        if key not in self.ledgers:  # a batch replayed after a restart
+            self.ends([key])
+        return self.ledgers.get(key) or Ledgers([])
+
+    def _check_data_loss(self, key: PartitionKey, start: Entry | None) -> None:
+        """Entries after `start` that Pulsar deleted before the query read them: fail (`failOnDataLoss`,
+        the default) or say so once.
+
+        Pulsar deletes whole ledgers, from the oldest, once every subscription has acknowledged them;
+        the query acknowledges only what Spark has finished. So entries after `start` can be gone only
+        if `start`'s ledger is gone and something else (TTL, a backlog quota, another consumer) moved
+        the subscription past the start of the first ledger left. (Our own acknowledgement of a
+        ledger's last entry shows as "(next ledger, -1)" once that ledger is deleted: not a loss.)
+        """
+        from pulsar_access.admin import mark_delete_of
+
+        cursor = (self._stats.get(key, {}).get("cursors") or {}).get(self.options.subscription)
+        first = self.ledgers[key].first if key in self.ledgers else None
+        if start is None or not cursor or first is None or start[0] >= first:
+            return
+        acknowledged = mark_delete_of(cursor)
+        if acknowledged > (first, -1):
+            self._lost(key, f"ledger {start[0]} with entries after {start} was deleted (the subscription is at "
+                            f"{acknowledged}: retention, a TTL or a backlog quota moved it)")  # fmt: skip
+
+    def _lost(self, key: PartitionKey, why: str) -> None:
+        message = (
+            f"{partition_name(*key)}: data may have been lost: {why}. Set option failOnDataLoss to false to "
+            "go on from what is left, or keep more with a retention policy on the namespace"
+        )
+        if self.options.fail_on_data_loss:
+            raise RuntimeError(message)
+        if key not in self._loss_reported:
+            self._loss_reported.add(key)
+            log.warning("%s", message)
+
+    # -- the subscription ------------------------------------------------------------------------------
+
+    def _subscription_consumer(self, key: PartitionKey) -> Any:
         """A consumer per partition that only acknowledges (and so creates the subscription)."""
         import pulsar
 
         from pulsar_access.errors import explained
 
-        if partition not in self._consumers:
+        if key not in self._consumers:
             initial = (
-                pulsar.InitialPosition.Earliest if self.options.starting_position == "earliest"
-                else pulsar.InitialPosition.Latest
+                pulsar.InitialPosition.Latest if self.options.starting_position == "latest"
+                else pulsar.InitialPosition.Earliest
             )  # fmt: skip
-            name = partition_name(self.topic, partition)
+            name = partition_name(*key)
             with explained(service_url=self.options.service_url, topic=name, doing="subscribe to"):
-                self._consumers[partition] = self.client.subscribe(
+                self._consumers[key] = self.client.subscribe(
                     name, self.options.subscription,
                     consumer_type=pulsar.ConsumerType.Failover, receiver_queue_size=1, initial_position=initial,
                 )  # fmt: skip
-        return self._consumers[partition]
-
-    def starting_positions(self) -> dict[int, Entry | None]:
-        for partition in self.partition_indexes:
-            self._subscription_consumer(partition)
-        if self.options.starting_position == "earliest":
-            return {p: None for p in self.partition_indexes}
-        return self.ends()
-
-    def ends(self) -> dict[int, Entry | None]:
-        """Each partition's last entry: the end of the next batch."""
-        ends: dict[int, Entry | None] = {}
-        for partition in self.partition_indexes:
-            from pulsar_access.admin import last_confirmed_entry
-
-            ledger, entry = last_confirmed_entry(self.admin.internal_stats(partition_name(self.topic, partition)))
-            ends[partition] = (ledger, entry) if entry >= 0 else None
-        return ends
-
-    def watermark(self) -> int:
-        """The subscription's broker watermark (minimum over partitions), from the generator."""
-        if self._feed is None:
-            from consumer.watermark_feed import WatermarkFeed
-            from pulsar_access.errors import explained
-
-            for partition in self.partition_indexes:
-                self._subscription_consumer(partition)
-            with explained(service_url=self.options.service_url, topic=self.topic, doing="read the watermarks of"):
-                self._feed = WatermarkFeed(
-                    self.client, self.topic, self.options.subscription, lambda _w: None,
-                    partitions=self.partition_indexes,
-                )  # fmt: skip
-        current = self._feed.current
-        return NO_WATERMARK if current is None else int(current.event_time)
+        return self._consumers[key]
 
     def acknowledge(self, offset: SourceOffset) -> None:
         import pulsar
 
-        for partition, position in offset.partitions.items():
-            if position is not None:
-                self._subscription_consumer(partition).acknowledge_cumulative(
-                    pulsar.MessageId(max(partition, 0), position[0], position[1], -1)
+        for key, position in offset.partitions.items():
+            if position is not None and position[1] >= 0:
+                self._subscription_consumer(key).acknowledge_cumulative(
+                    pulsar.MessageId(max(key[1], 0), position[0], position[1], -1)
                 )
 
     def close(self) -> None:
-        if self._feed is not None:
-            self._feed.close()
+        self.follower.close()
         for consumer in self._consumers.values():
             consumer.close()
         self.client.close()
         self.admin.close()
+
+
+def _min_entry(a: Entry | None, b: Entry | None) -> Entry | None:
+    return None if a is None or b is None else min(a, b)

@@ -46,6 +46,8 @@ import pulsar
 from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound, durable_subscriptions, mark_delete_of
 from pulsar_access.topics import full_name, partition_name, watermark_namespace, watermark_topic_for
 from watermark_core.protocol import (
+    EVENT_PROPERTY,
+    HEAD_WATERMARK,
     MalformedMarker,
     MarkerKind,
     Position,
@@ -312,6 +314,8 @@ class TopicOracle:
         partitions = self._partition_topics()
         for position, message in self._read_after(watermark_topic_for(self.topic), self._companion_read):
             self._companion_read = position
+            if message.properties().get(EVENT_PROPERTY) == HEAD_WATERMARK:
+                continue  # the partition head's watermark, not a subscription's
             try:
                 table = decode_table(message.data())
             except MalformedMarker:

@@ -313,3 +313,69 @@ def _event_from_body(body: Mapping[str, Any]) -> WatermarkEvent:
     return WatermarkEvent(
         topic, partition, subscription, event_time, (position[0], position[1]), seq, active, tuple(idle), pending
     )
+
+
+# -- HeadWatermark events on the companion topic -------------------------------------------------------
+
+HEAD_WATERMARK = "HeadWatermark"
+"""The value of `EVENT_PROPERTY` on a head event (SendWatermark tables are untouched by them)."""
+
+
+HEAD_KEY_PREFIX = "head-"
+"""Head events are keyed `head-<partition>`; tables `<partition>` (`table_key`)."""
+
+
+def head_key(partition: int) -> str:
+    """The compaction key of a partition's head events: compaction keeps the latest per partition."""
+    return f"{HEAD_KEY_PREFIX}{partition}"
+
+
+@dataclass(frozen=True)
+class HeadWatermark:
+    """The watermark at a position of the log: the fold of every marker of the partition up to it.
+
+    The generator publishes one whenever folding a marker changes the watermark of the partition's
+    head, at that marker's entry. The watermark only changes at markers and never goes down along
+    the log, so the latest event at or before a position p gives the watermark at p, and any event
+    at or before p is a lower bound of it (contract section 1: a pure function of the log). When
+    several markers of one (batched) entry change it, the last event of the entry is the one at the
+    entry's end. `topic` is the full base topic name, `partition` -1 for a non-partitioned topic.
+    """
+
+    topic: str
+    partition: int
+    position: tuple[int, int]
+    event_time: int
+
+
+def encode_head(event: HeadWatermark) -> bytes:
+    """The payload of a HeadWatermark message, keyed by `head_key(partition)`."""
+    _check_event_time(event.event_time)
+    if not isinstance(event.topic, str) or not event.topic:
+        raise ValueError(f"a head event needs a topic: {event!r}")
+    if not (_is_int(event.partition) and event.partition >= -1 and len(event.position) == 2
+            and all(_is_int(p) for p in event.position)):  # fmt: skip
+        raise ValueError(f"partition and position of a head event must be ints: {event!r}")
+    return pack({
+        "topic": event.topic,
+        "partition": event.partition,
+        "position": list(event.position),
+        "event_time": event.event_time,
+    })  # fmt: skip
+
+
+def decode_head(payload: bytes) -> HeadWatermark:
+    """A HeadWatermark event; `MalformedMarker` ("bad-event" and the payload reasons) for anything else."""
+    body = _unpack(payload)
+    topic, partition, position, event_time = (
+        body.get("topic"), body.get("partition"), body.get("position"), body.get("event_time")
+    )  # fmt: skip
+    if not isinstance(topic, str) or not topic:
+        raise MalformedMarker("bad-event", "a head event needs a topic")
+    if not _is_int(partition) or partition < -1:
+        raise MalformedMarker("bad-event", f"bad partition {partition!r}")
+    if not _is_int(event_time) or not 0 <= event_time < EVENT_TIME_LIMIT:
+        raise MalformedMarker("bad-event", f"bad event_time {event_time!r}")
+    if not isinstance(position, list) or len(position) != 2 or not all(_is_int(p) for p in position):
+        raise MalformedMarker("bad-event", f"position must be [ledger, entry], got {position!r}")
+    return HeadWatermark(topic, partition, (position[0], position[1]), event_time)

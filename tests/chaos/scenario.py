@@ -35,7 +35,7 @@ from tests.integration.generator_process import GeneratorProcess
 from tests.integration.helpers import watermark_table_reader
 from tests.loopback_proxy import GeneratorLink
 from tests.oracle import OracleReport
-from watermark_core.protocol import decode_table
+from watermark_core.protocol import EVENT_PROPERTY, SEND_WATERMARK, decode_table
 
 log = logging.getLogger(__name__)
 
@@ -399,7 +399,7 @@ class Scenario:
                     message = reader.read_next(timeout_millis=200)
                 except pulsar.Timeout:
                     message = None
-                if message is not None:
+                if message is not None and message.properties().get(EVENT_PROPERTY) == SEND_WATERMARK:
                     for event in decode_table(message.data()):
                         if event.subscription == subscription:
                             latest = (event.position[0], event.position[1])

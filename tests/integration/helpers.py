@@ -12,7 +12,7 @@ import pulsar
 from consumer import Watermark, WatermarkConsumer, WatermarkListener
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.topics import watermark_topic_for
-from watermark_core.protocol import MARKER_PROPERTY, decode_table
+from watermark_core.protocol import EVENT_PROPERTY, MARKER_PROPERTY, SEND_WATERMARK, decode_table
 
 MALFORMED: list[tuple[dict[str, str], bytes, str]] = [
     ({MARKER_PROPERTY: "W_SET"}, b"\xc1not msgpack", "bad-msgpack"),
@@ -95,6 +95,8 @@ def recomputed_watermark(
             message = reader.read_next(timeout_millis=200)
         except pulsar.Timeout:
             continue
+        if message.properties().get(EVENT_PROPERTY) != SEND_WATERMARK:
+            continue  # a HeadWatermark event
         for event in decode_table(message.data()):
             if event.subscription == subscription and event.seq > after_us and tuple(event.position) <= at_or_before:
                 return event.event_time

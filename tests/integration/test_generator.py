@@ -22,9 +22,16 @@ from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.settings import PulsarSettings
 from tests.integration.generator_process import GeneratorProcess
-from tests.integration.helpers import MALFORMED, Recorder, wait_until, watermarks
+from tests.integration.helpers import MALFORMED, Recorder, wait_until, watermark_table_reader, watermarks
 from tests.oracle import TopicOracle, assert_oracle_agrees, keep_history
-from watermark_core.protocol import GENERATOR_SUBSCRIPTION, MARKER_PROPERTY
+from watermark_core.protocol import (
+    EVENT_PROPERTY,
+    GENERATOR_SUBSCRIPTION,
+    HEAD_WATERMARK,
+    MARKER_PROPERTY,
+    HeadWatermark,
+    decode_head,
+)
 
 
 def assert_monotonic(values: list[int]) -> None:
@@ -69,6 +76,41 @@ def test_watermark_is_the_minimum_over_active_producers_at_each_subscriptions_po
     assert_oracle_agrees(pulsar_client, admin, topic)
     for closable in (c_fast, c_slow, a, b):
         closable.close()
+
+
+@pytest.mark.usefixtures("generator")
+def test_the_head_watermark_is_published_at_each_entry_that_changes_it_before_anyone_acknowledges(
+    pulsar_client: pulsar.Client, topic: str
+) -> None:
+    nobody_reads = pulsar_client.subscribe(topic, "idle", initial_position=pulsar.InitialPosition.Earliest)
+    a = WatermarkProducer(pulsar_client, topic, producer_name="A")
+    b = WatermarkProducer(pulsar_client, topic, producer_name="B")
+    sent = []
+    for producer, event_time in ((a, 100), (b, 50), (a, 200), (b, 150), (b, 300)):
+        sent.append(producer.new_watermark().event_time(event_time).send()[0])
+    a.new_watermark().mark_idle().send()  # B alone: 300
+    reader = watermark_table_reader(pulsar_client, topic)
+    heads: list[HeadWatermark] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (not heads or heads[-1].event_time < 300):
+        try:
+            message = reader.read_next(timeout_millis=500)
+        except pulsar.Timeout:
+            continue
+        if message.properties().get(EVENT_PROPERTY) == HEAD_WATERMARK:
+            heads.append(decode_head(message.data()))
+    reader.close()
+    # A alone: 100; B joins below it (a late joiner does not pull it back); A 200 and B 150: 150;
+    # B 300 and A 200: 200; A idle: 300. Each at the entry of the marker that changed it.
+    positions = [(message_id.ledger_id(), message_id.entry_id()) for message_id in sent]
+    assert [(h.event_time, h.position) for h in heads] == [
+        (100, positions[0]), (150, positions[3]), (200, positions[4]), (300, heads[-1].position)
+    ]  # fmt: skip
+    assert heads[-1].position > positions[4]
+    assert {(h.topic, h.partition) for h in heads} == {(topic, -1)}
+    nobody_reads.close()
+    a.close(idle=False)
+    b.close()
 
 
 @pytest.mark.usefixtures("generator")

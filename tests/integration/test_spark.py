@@ -257,3 +257,106 @@ def test_malformed_markers_never_reach_a_query_and_do_not_stop_it(
     assert sink.counts() == {(BASE, "k"): len(MALFORMED)}  # the data only: no marker became a row
     producer.close()
     raw.close()
+
+
+def _spark_watermark(query: Any) -> int:
+    """Spark's event-time watermark of a running query (ms), from its latest progress."""
+    from datetime import datetime
+
+    progress = query.lastProgress or {}
+    stamp = (progress.get("eventTime") or {}).get("watermark", "1970-01-01T00:00:00.000Z")
+    return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def _source_watermark(query: Any) -> int:
+    """The broker watermark in the end offset of the query's latest batch (what its next batch holds)."""
+    sources = (query.lastProgress or {}).get("sources") or [{}]
+    offset = sources[0].get("endOffset") or {}
+    return int((json.loads(offset) if isinstance(offset, str) else offset).get("wm", -1))
+
+
+@pytest.mark.usefixtures("generator")
+def test_a_query_on_two_topics_closes_a_window_only_when_both_watermarks_passed_it(
+    spark: SparkSession, pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str, tmp_path: Path
+) -> None:
+    first, second = f"{topic}-a", f"{topic}-b"
+    admin.create_topic(first, partitions=2)
+    admin.create_topic(second)
+    ahead = WatermarkProducer(pulsar_client, first, producer_name="ahead")
+    behind = WatermarkProducer(pulsar_client, second, producer_name="behind")
+    for producer in (ahead, behind):
+        producer.new_watermark().event_time(BASE).send()
+        producer.send(b"x", partition_key="k", event_timestamp=BASE + 2_000)
+    ahead.new_watermark().event_time(BASE + 15_000).send()  # first topic: past the window [0, 10 s)
+    behind.new_watermark().event_time(BASE + 5_000).send()  # second topic: not yet
+    sink = Windows()
+    query = (
+        spark_sink.read_stream(spark, topics=f"{first},{second}", subscription="two")
+        .groupBy(F.window("event_time", "10 seconds"), "key").count()
+        .writeStream.outputMode("append").foreachBatch(sink)
+        .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="500 milliseconds").start()
+    )  # fmt: skip
+    try:
+        # Spark's watermark is the minimum over both topics (every partition): 5 s, not 15 s
+        wait_until(lambda: _spark_watermark(query) == BASE + 5_000, timeout_s=90, what="Spark's watermark at 5 s")
+        assert sink.counts() == {}, "a window closed before the second topic's watermark passed it"
+        behind.new_watermark().event_time(BASE + 12_000).send()
+        wait_until(lambda: sink.counts() == {(BASE, "k"): 2}, timeout_s=60, what="the window to close")
+        wait_until(lambda: _spark_watermark(query) == BASE + 12_000, timeout_s=30, what="Spark's watermark at 12 s")
+    finally:
+        query.stop()
+    ahead.close()
+    behind.close()
+
+
+@pytest.mark.usefixtures("generator")
+def test_rows_below_the_broker_watermark_are_marked_late_not_dropped_unseen(
+    spark: SparkSession, pulsar_client: pulsar.Client, topic: str, tmp_path: Path
+) -> None:
+    producer = WatermarkProducer(pulsar_client, topic, producer_name="promise-breaker")
+    producer.new_watermark().event_time(BASE + 10_000).send()
+    producer.send(b"on-time", event_timestamp=BASE + 12_000)
+    seen: dict[bytes, bool] = {}
+    lock = threading.Lock()
+
+    def collect(df: DataFrame, _batch: int) -> None:
+        with lock:
+            seen.update((bytes(row["value"]), bool(row["late"])) for row in df.collect())
+
+    query = (
+        spark_sink.read_stream(spark, topic=topic, subscription="late").writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="500 milliseconds").start()
+    )  # fmt: skip
+    try:
+        wait_until(lambda: b"on-time" in seen, timeout_s=90, what="the first row")
+        wait_until(lambda: _source_watermark(query) == BASE + 10_000, timeout_s=30, what="a batch ending at 10 s")
+        producer.send(b"broken-promise", event_timestamp=BASE + 5_000)  # below its own W_SET and the watermark
+        wait_until(lambda: b"broken-promise" in seen, timeout_s=60, what="the late row")
+    finally:
+        query.stop()
+    assert seen == {b"on-time": False, b"broken-promise": True}
+    producer.close()
+
+
+@pytest.mark.usefixtures("generator")
+def test_exact_windows_on_a_spark_standalone_cluster(
+    pulsar_client: pulsar.Client, pulsar_settings: Any, admin: PulsarAdmin, topic: str, tmp_path: Path
+) -> None:
+    """The same source and watermark on a real cluster: a standalone Master and Worker on loopback, the
+    query's driver and executors in processes of their own."""
+    from tests.integration.spark_cluster import SparkStandalone, run_job
+
+    admin.create_topic(topic, partitions=2)
+    producer = WatermarkProducer(pulsar_client, topic, producer_name="standalone")
+    producer.new_watermark().event_time(BASE).send()
+    truth = _produce(producer, ["a", "b"], 0, 25, random.Random(3))
+    producer.new_watermark().event_time(BASE + 31_000).send()  # closes the last window without new data
+    cluster = SparkStandalone(tmp_path).start()
+    try:
+        env = {"PULSAR_SERVICE_URL": pulsar_settings.service_url, "PULSAR_ADMIN_URL": pulsar_settings.admin_url}
+        rows = run_job(cluster.url, topic, "standalone", tmp_path / "ckpt", len(truth), env)
+    finally:
+        cluster.stop()
+    assert len(rows) == len({(start, key) for start, key, _ in rows}), "a window was emitted twice"
+    assert {(start, key): count for start, key, count in rows} == dict(truth)
+    producer.close()

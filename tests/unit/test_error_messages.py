@@ -218,12 +218,27 @@ def source_options() -> Callable[[dict[str, str]], Any]:
     [
         ({"subscription": "s"}, "option 'topic' is required"),
         ({"topic": "t"}, "option 'subscription' is required"),
+        ({"topic": "t", "topics": "a,b", "subscription": "s"}, "one of the options"),
+        ({"topic": "a/b", "subscription": "s"}, "option 'topic': 'a/b' is not a topic name"),
+        ({"topicsPattern": "persistent://x.*", "subscription": "s"}, "must be a regex over topic names"),
+        ({"topicsPattern": "persistent://t/n/x(", "subscription": "s"}, "is not a regex"),
         ({"topic": "t", "subscription": "s", "startingPosition": "first"}, "'earliest' or 'latest'"),
+        ({"topic": "t", "subscription": "s", "startingOffsets": "first"}, "option 'startingOffsets' must be"),
+        ({"topic": "t", "subscription": "s", "startingOffsets": '{"t": {"0": 5}}'}, "per-partition JSON"),
         ({"topic": "t", "subscription": "s", "maxMessagesPerTrigger": "many"}, "positive integer"),
         ({"topic": "t", "subscription": "s", "maxMessagesPerTrigger": "0"}, "positive integer"),
+        ({"topic": "t", "subscription": "s", "maxOffsetsPerTrigger": "-3"}, "'maxOffsetsPerTrigger' must be a pos"),
+        ({"topic": "t", "subscription": "s", "minPartitions": "0"}, "'minPartitions' must be a positive"),
+        ({"topic": "t", "subscription": "s", "failOnDataLoss": "maybe"}, "'failOnDataLoss' must be 'true' or"),
         ({"topic": "t", "subscription": "s", "startPosition": "latest"}, "did you mean 'startingPosition'"),
+        ({"topic": "t", "subscription": "s", "startingOffset": "latest"}, "did you mean 'startingOffsets'"),
+        ({"topic": "t", "subscription": "s", "maxOffsetPerTrigger": "5"}, "did you mean 'maxOffsetsPerTrigger'"),
         ({"topic": "t", "subscription": "s", "serviceUrl": "localhost:6650"}, "option 'serviceUrl'.*e\\.g\\."),
+        ({"topic": "t", "subscription": "s", "service.url": "localhost:6650"}, "option 'serviceUrl'.*e\\.g\\."),
         ({"topic": "t", "subscription": "s", "adminUrl": "pulsar://x:8080"}, "option 'adminUrl'.*e\\.g\\."),
+        ({"topic": "t", "subscription": "s", "pulsar.client.ioThreadz": "2"}, "did you mean 'pulsar.client.io_th"),
+        ({"topic": "t", "subscription": "s", "pulsar.client.ioThreads": "two"}, "must be a number"),
+        ({"topic": "t", "subscription": "s", "pulsar.client.useTls": "yes"}, "must be true or false"),
     ],
 )
 def test_bad_source_options_name_the_fix(
@@ -235,4 +250,35 @@ def test_bad_source_options_name_the_fix(
 
 def test_good_source_options_pass(source_options: Callable[[dict[str, str]], Any]) -> None:
     options = source_options({"topic": "t", "subscription": "s", "startingPosition": "LATEST", "path": "ignored"})
-    assert (options.topic, options.starting_position) == ("t", "latest")
+    assert (options.topic, options.starting_position) == ("persistent://public/default/t", "latest")
+    assert options.max_offsets is None and options.fail_on_data_loss
+
+
+def test_source_options_as_spark_and_pulsar_users_know_them(source_options: Callable[[dict[str, str]], Any]) -> None:
+    options = source_options({
+        "topics": "b, a,persistent://tenant/ns/c", "subscription": "s", "service.url": "pulsar://h:6651",
+        "admin.url": "http://h:8081/", "maxOffsetsPerTrigger": "1000", "failOnDataLoss": "false",
+        "minPartitions": "4", "pulsar.client.operationTimeoutSeconds": "7", "pulsar.client.io_threads": "2",
+        "startingOffsets": '{"a": {"0": [5, 3], "1": "latest", "2": -2}}',
+    })  # fmt: skip
+    assert options.topics == [
+        "persistent://public/default/a", "persistent://public/default/b", "persistent://tenant/ns/c"
+    ]  # fmt: skip
+    assert options.topic is None  # several topics: no one-topic checkpoint layout
+    assert (options.service_url, options.admin_url) == ("pulsar://h:6651", "http://h:8081")
+    assert (options.max_offsets, options.fail_on_data_loss, options.min_partitions) == (1000, False, 4)
+    assert options.client_options == {"operation_timeout_seconds": 7, "io_threads": 2}
+    a = "persistent://public/default/a"
+    assert options.starting_offsets == {(a, 0): (5, 2), (a, 1): "latest", (a, 2): "earliest"}
+    assert options.starting_position == "json"
+    aliases = source_options({"topic": "t", "subscription": "s", "maxMessagesPerTrigger": "9"})
+    assert aliases.max_offsets == 9 and aliases.starting_position == "earliest"
+
+
+def test_a_topics_pattern_is_a_regex_over_full_names(source_options: Callable[[dict[str, str]], Any]) -> None:
+    bare = source_options({"topicsPattern": "sensor-.*", "subscription": "s"})
+    assert bare.pattern.fullmatch("persistent://public/default/sensor-1")
+    assert not bare.pattern.fullmatch("persistent://public/default/other")
+    assert (bare.topics, bare.pattern_namespace, bare.topic) == ([], "public/default", None)
+    full = source_options({"topicsPattern": "persistent://acme/iot/s-[0-9]+", "subscription": "s"})
+    assert full.pattern_namespace == "acme/iot" and full.pattern.fullmatch("persistent://acme/iot/s-12")

@@ -23,15 +23,18 @@ from hypothesis import strategies as st
 from watermark_core.protocol import (
     EVENT_TIME_LIMIT,
     MARKER_PROPERTY,
+    HeadWatermark,
     MalformedMarker,
     Marker,
     MarkerKind,
     Position,
     WatermarkEvent,
     decode_event,
+    decode_head,
     decode_marker,
     decode_table,
     encode_event,
+    encode_head,
     encode_idle,
     encode_set,
     encode_table,
@@ -251,6 +254,28 @@ def test_the_event_decoders_raise_only_malformed_marker_whatever_comes_in(payloa
             assert isinstance(event.idle, tuple)
             assert all(isinstance(name, str) for name in event.idle)
             assert all(isinstance(name, str) and isinstance(t, int) for name, t in event.active.items())
+
+
+HEADS = st.builds(
+    HeadWatermark,
+    st.text(min_size=1, max_size=12),
+    st.integers(-1, 64),
+    st.tuples(st.integers(-1, 2**40), st.integers(-1, 2**40)),
+    st.integers(0, EVENT_TIME_LIMIT - 1),
+)
+
+
+@FUZZ
+@given(PAYLOAD_OBJECTS | HEADS.map(encode_head).flatmap(mutated) | HOSTILE_TABLES)
+def test_the_head_decoder_raises_only_malformed_marker_whatever_comes_in(payload: Any) -> None:
+    try:
+        head = decode_head(payload)
+    except MalformedMarker as exc:
+        assert exc.reason in MARKER_REASONS | {"bad-event"}
+        return
+    assert isinstance(head, HeadWatermark) and head.topic and head.partition >= -1
+    assert 0 <= head.event_time < EVENT_TIME_LIMIT
+    assert len(head.position) == 2 and all(isinstance(p, int) for p in head.position)
 
 
 # -- logs that mix valid and malformed markers, fed as the generator feeds them --------------------------

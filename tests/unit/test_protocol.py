@@ -12,24 +12,29 @@ from hypothesis import strategies as st
 from pulsar_access.topics import base_topic_and_partition, is_watermark_topic, watermark_topic_for
 from watermark_core.protocol import (
     EVENT_PROPERTY,
+    HEAD_WATERMARK,
     MARKER_PROPERTY,
     PROTOCOL_VERSION,
     SEND_WATERMARK,
+    HeadWatermark,
     MalformedMarker,
     Marker,
     MarkerKind,
     Watermark,
     WatermarkEvent,
     decode_event,
+    decode_head,
     decode_marker,
     decode_table,
     encode_event,
+    encode_head,
     encode_idle,
     encode_set,
     encode_table,
     encode_txn_abort,
     encode_txn_commit,
     entry_end,
+    head_key,
     is_marker,
     position_of,
     table_key,
@@ -351,3 +356,60 @@ def test_events_carry_the_producers_for_status() -> None:
     assert decode_event(encode_event(event)) == event
     with pytest.raises(MalformedMarker):
         decode_event(msgpack.packb({**msgpack.unpackb(encode_event(event)), "active": {"a": "x"}}))
+
+
+HEAD = HeadWatermark("persistent://public/default/x", 1, (12, 34), 1_700_000_000_000)
+
+
+def test_head_events_round_trip_under_their_own_key_and_property() -> None:
+    assert decode_head(encode_head(HEAD)) == HEAD
+    assert msgpack.unpackb(encode_head(HEAD)) == {
+        "v": 1, "topic": "persistent://public/default/x", "partition": 1, "position": [12, 34],
+        "event_time": 1_700_000_000_000,
+    }  # fmt: skip
+    assert head_key(1) == "head-1" != table_key(1)
+    assert head_key(-1) == "head--1"
+    assert HEAD_WATERMARK == "HeadWatermark"
+    non_partitioned = HeadWatermark("persistent://public/default/x", -1, (0, 0), 0)
+    assert decode_head(encode_head(non_partitioned)) == non_partitioned
+
+
+def test_encode_head_validates() -> None:
+    with pytest.raises(ValueError, match="event_time"):
+        encode_head(HeadWatermark("t", 0, (1, 1), -1))
+    with pytest.raises(ValueError, match="topic"):
+        encode_head(HeadWatermark("", 0, (1, 1), 1))
+    with pytest.raises(ValueError, match="must be ints"):
+        encode_head(HeadWatermark("t", -2, (1, 1), 1))
+    with pytest.raises(ValueError, match="must be ints"):
+        encode_head(HeadWatermark("t", 0, (1, "1"), 1))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"topic": ""}, "bad-event"),
+        ({"topic": 3}, "bad-event"),
+        ({"partition": -2}, "bad-event"),
+        ({"partition": True}, "bad-event"),
+        ({"event_time": None}, "bad-event"),
+        ({"event_time": 2**63}, "bad-event"),
+        ({"position": [1, 2, 3]}, "bad-event"),
+        ({"position": "1:2"}, "bad-event"),
+        ({"v": 2}, "bad-version"),
+    ],
+)
+def test_malformed_head_events(change: dict[str, Any], reason: str) -> None:
+    body = {**msgpack.unpackb(encode_head(HEAD)), **change}
+    with pytest.raises(MalformedMarker) as caught:
+        decode_head(pack(body))
+    assert caught.value.reason == reason
+
+
+def test_a_table_is_not_a_head_event_and_a_head_event_not_a_table() -> None:
+    with pytest.raises(MalformedMarker):
+        decode_head(encode_table([EVENT]))
+    with pytest.raises(MalformedMarker):
+        decode_table(encode_head(HEAD))
+    with pytest.raises(MalformedMarker):
+        decode_head(b"\xc1")
