@@ -25,7 +25,7 @@ import pulsar
 
 from consumer import Watermark, WatermarkConsumer, WatermarkListener
 from producer import WatermarkProducer
-from pulsar_access.admin import PulsarAdmin
+from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.settings import PulsarSettings
 from tests.chaos.checker import Delivery, InstanceLog, Violation, WatermarkSeen, check_final, check_subscription
 from tests.chaos.crashes import forgive_lost_acknowledgements
@@ -114,6 +114,15 @@ def retried(action: Callable[[], T], what: str, within_s: float = 120.0) -> T:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{what} kept failing for {within_s:.0f} s: {exc!r}") from exc
             time.sleep(0.5)
+
+
+def create_topic_once(admin: PulsarAdmin, topic: str) -> None:
+    """Create `topic`; "already exists" is success: a create whose answer a broker kill cut off may have taken."""
+    try:
+        admin.create_topic(topic)
+    except AdminError as exc:
+        if exc.status != 409:
+            raise
 
 
 class ChaosListener(WatermarkListener):
@@ -426,7 +435,7 @@ class Scenario:
         started = time.monotonic()
         with self.cluster.broker_lock:  # not while another scenario restarts the broker
             pass
-        retried(lambda: self.cluster.admin.create_topic(self.topic), "creating the topic")
+        retried(lambda: create_topic_once(self.cluster.admin, self.topic), "creating the topic")
         self.generator.start()
         try:
             for slot in self.plan.consumer_slots():
