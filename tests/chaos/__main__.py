@@ -1,6 +1,6 @@
 """`make chaos`: many randomized fault scenarios on a real local cluster; prints what it injected and found.
 
-    python -m tests.chaos [--scenarios 200] [--seed N] [--only SEED] [--restart-share 0.04] [--kill-share 0.03]
+    python -m tests.chaos [--scenarios 200] [--seed N] [--only SEED [SEED ...]] [--restart-share 0.04] [--kill-share 0.03]
                           [--cut-share 0.04] [--record]
 
 Uses the cluster named by PULSAR_SERVICE_URL (then without broker restarts, kills or generator cuts),
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", type=int, default=200)
     parser.add_argument("--seed", type=int, default=None, help="first seed (default: random, printed)")
-    parser.add_argument("--only", type=int, default=None, help="run just the scenario of this seed")
+    parser.add_argument("--only", type=int, nargs="+", default=None, help="run just the scenarios of these seeds")
     parser.add_argument("--parallel", type=int, default=2, help="scenarios running side by side (default 2)")
     parser.add_argument("--verbose", action="store_true", help="print each scenario's notes (phase timings)")
     parser.add_argument(
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.only is not None:
-        seeds = [args.only]
+        seeds = list(args.only)
     else:
         first = args.seed if args.seed is not None else random.randrange(1_000_000)
         seeds = list(range(first, first + args.scenarios))
