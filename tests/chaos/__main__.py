@@ -1,7 +1,7 @@
 """`make chaos`: many randomized fault scenarios on a real local cluster; prints what it injected and found.
 
-    python -m tests.chaos [--scenarios 200] [--seed N] [--only SEED [SEED ...]] [--restart-share 0.04] [--kill-share 0.03]
-                          [--cut-share 0.04] [--record]
+    python -m tests.chaos [--scenarios 200] [--seed N] [--only SEED [SEED ...]] [--restart-share 0.04]
+                          [--kill-share 0.03] [--cut-share 0.04] [--record]
 
 Uses the cluster named by PULSAR_SERVICE_URL (then without broker restarts, kills or generator cuts),
 else starts its own standalone broker on free ports, the generators reaching it through a loopback

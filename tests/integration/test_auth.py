@@ -41,6 +41,7 @@ from pulsar_access.auth_tokens import (
 )
 from pulsar_access.settings import PulsarSettings
 from pulsar_access.topics import full_name, watermark_namespace, watermark_topic_for
+from spark_sink.watermarks import CompanionFollower, KnownWatermarks
 from tests.integration.generator_process import GeneratorProcess
 from tests.integration.helpers import Recorder, wait_until, watermarks
 from watermark_core.protocol import (
@@ -339,6 +340,14 @@ def test_a_forged_watermark_table_changes_nothing_that_consumers_or_status_see(
     finally:
         feed.close()
     assert latest_events(client, topic)[(-1, "app")].event_time == BASE  # what `broker-ext status` shows
+    # what a Spark query's driver takes as the watermark at the topic's end (spark_sink.source reads it so)
+    known = KnownWatermarks()
+    follower = CompanionFollower(client, known)
+    try:
+        follower.follow([full_name(topic)])
+        assert known.watermark({(full_name(topic), -1): (2**62, 0)}) == BASE
+    finally:
+        follower.close()
     status = subprocess.run(
         [sys.executable, "-m", "broker_ext.cli", "status", topic],
         env=auth_cluster.env(auth_cluster.token_file(CLIENT_ROLE)), capture_output=True, text=True, timeout=60,
