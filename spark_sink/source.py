@@ -545,7 +545,11 @@ class _DriverState:
             keys += [(topic, index) for index in range(count)] if count else [(topic, -1)]
         new = [key for key in keys if key not in self._partitions]
         if new:
-            self.follower.follow(sorted({topic for topic, _ in new}))
+            from pulsar_access.errors import explained
+
+            topics_new = sorted({topic for topic, _ in new})
+            with explained(service_url=self.options.service_url, topic=topics_new[0], doing="read watermark events of"):
+                self.follower.follow(topics_new)
             if self._partitions:
                 log.info("reading new partitions %s from their start", new)
         self._partitions = sorted(set(self._partitions) | set(keys))

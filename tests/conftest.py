@@ -23,8 +23,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         kind = "unit" if (_HERE / "unit") in Path(str(item.fspath)).parents else "integration"
         item.add_marker(getattr(pytest.mark, kind))
-    # These restart the session's broker: run them after everything else.
-    items.sort(key=lambda item: Path(str(item.fspath)).name in ("test_restarts.py", "test_chaos.py"))
+    # These restart the session's broker: run them after everything else, the chaos tests (which kill it
+    # with SIGKILL; its bookie may refuse writes for a while after) last of all.
+    last = {"test_restarts.py": 1, "test_chaos.py": 2}
+    items.sort(key=lambda item: last.get(Path(str(item.fspath)).name, 0))
 
 
 @pytest.fixture(scope="session")
