@@ -66,7 +66,9 @@ class _WatermarkTimes:
         self.seen: dict[int, float] = {}
         self.changed = threading.Condition()
 
-    def __call__(self, watermark: Watermark) -> None:
+    def __call__(self, watermark: Watermark | None) -> None:
+        if watermark is None:
+            return
         with self.changed:
             self.seen.setdefault(watermark.event_time, time.perf_counter())
             self.changed.notify_all()

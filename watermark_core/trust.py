@@ -21,12 +21,13 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   the floor, so the subscription's mark-delete position stays before it and the generator is sure
   to see the backward move and to publish a watermark computed before the floor;
 - **seeks**: `on_seek` distrusts at once, with the seek's target as a provisional floor that the
-  first message after it replaces (a seek into a deleted ledger lands later than its target, a
-  seek by publish time has no known target); a seek forward of the held event's position, known
-  from its target or from that first message, changes nothing: a watermark computed before it
-  holds for everything after it;
+  first message after it replaces (a seek into a deleted ledger lands later than its target; a
+  seek by publish time has no known target and takes the held event's position); a seek forward
+  of the held event's position, known from its target or from that first message, changes
+  nothing: a watermark computed before it holds for everything after it;
 - **giving up**: `give_up` (the caller's time limit) withdraws the partition's watermark and
-  accepts the next event that no unacknowledged message contradicts; callers log it.
+  accepts the next event that no unacknowledged message contradicts; callers log it. After a
+  seek that delivered nothing at all it trusts the held and latest events again instead.
 
 Partitioned topics: a consumer's watermark is the minimum over partitions. `watermark()` is the
 strict view (None while any partition has none or is distrusted); `listener_watermark()` is what a
@@ -162,6 +163,7 @@ class WatermarkTrust:
             if state.held is not None and entry > state.held.position:
                 state.floor = None
                 self._regained.add(partition)
+                self._take_latest(partition)  # what the generator published for the seek meanwhile
             else:
                 self._reconsider(partition)  # an event that came before this message may be before it
         elif state.floor is not None:
@@ -186,7 +188,10 @@ class WatermarkTrust:
         return hold
 
     def on_seek(self, partitions: Iterable[int], target: Entry | None) -> None:
-        """The consumer seeks these partitions; `target` None when unknown (by publish time, earliest).
+        """The consumer seeks these partitions; `target` None when unknown (by publish time).
+
+        An unknown target is taken as the held event's position: an event computed before it can
+        only come from a move back, and the first message after the seek tells which way it went.
 
         What the partitions received before the seek is forgotten: delivery starts again from the
         target, and what comes again is received again.
@@ -196,15 +201,17 @@ class WatermarkTrust:
             state.outstanding = set()
             if state.held is None:
                 continue  # nothing to distrust; a stale event still meets the messages that come again
-            if target is not None and target > state.held.position:
+            if target is None:
+                target = state.held.position  # by publish time: back of the held event, or forward
+            if target > state.held.position:
                 # Forward: the held watermark was computed before everything from the target on,
                 # and what came before the target is not delivered any more.
                 if state.floor is not None:
                     state.floor, state.provisional = None, False
                     self._regained.add(partition)
+                self._take_latest(partition)  # refused for a message the seek skipped, maybe
                 continue
-            state.floor = target if target is not None else BEFORE_ALL
-            state.provisional = True
+            state.floor, state.provisional = target, True
 
     def give_up(self, partition: int) -> None:
         """Stop waiting for a watermark computed before the floor: none, then the next event as it comes.
@@ -218,14 +225,21 @@ class WatermarkTrust:
         of them is still refused.
         """
         state = self._partitions[partition]
-        if not state.provisional:
-            state.held = WITHDRAWN
+        if state.provisional:
+            state.floor, state.provisional = None, False
+            self._take_latest(partition)
+            return
+        state.held, state.latest = WITHDRAWN, None
         state.floor, state.provisional = None, False
 
     def _reconsider(self, partition: int) -> bool:
         """While distrusting: take the latest event if it is before everything the partition protects now."""
+        return self._partitions[partition].floor is not None and self._take_latest(partition)
+
+    def _take_latest(self, partition: int) -> bool:
+        """Take the latest event if it is not the held one and nothing the partition protects contradicts it."""
         state = self._partitions[partition]
-        if state.floor is None or state.latest is None or not state.accepts(state.latest.position):
+        if state.latest is None or state.latest == state.held or not state.accepts(state.latest.position):
             return False
         state.held, state.floor, state.provisional = state.latest, None, False
         self._regained.add(partition)

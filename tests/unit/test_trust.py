@@ -137,15 +137,42 @@ def test_seek_forward_keeps_the_held_watermark() -> None:
     assert not trust.distrusting(-1)
 
 
-def test_seek_by_time_waits_for_the_first_message() -> None:
+def test_seek_by_time_takes_an_event_from_before_the_held_one_or_waits_for_the_first_message() -> None:
     trust = WatermarkTrust([-1])
     trust.on_event(-1, (L, 50), 500)
     trust.on_seek([-1], None)
-    assert trust.on_event(-1, (L, 40), 400) is Outcome.IGNORED, "no message yet: nothing is known to be before"
-    trust.on_message(-1, pos(41))
-    assert not trust.distrusting(-1), "the event that came first is before the first message: taken now"
+    assert trust.on_event(-1, (L, 50), 500) is Outcome.IGNORED, "maybe stale: published before the seek"
+    assert trust.on_event(-1, (L, 40), 400) is Outcome.REGAINED, "computed after a move back"
+    trust.on_message(-1, pos(30))  # an admin reset to further back had come before the seek
+    assert trust.distrusting(-1)
+
+    trust = WatermarkTrust([-1])
+    trust.on_event(-1, (L, 50), 500)
+    trust.on_seek([-1], None)
+    assert trust.on_event(-1, (L, 60), 600) is Outcome.IGNORED, "stale, or a seek forward: not known yet"
+    trust.on_message(-1, pos(61))
+    assert not trust.distrusting(-1), "forward: the event that came first is before the first message, taken"
     assert trust.drain_regained() == [-1]
-    assert trust.watermark() == Watermark(400)
+    assert trust.watermark() == Watermark(600)
+
+
+def test_seek_to_earliest_waits_for_the_first_message() -> None:
+    trust = WatermarkTrust([-1])
+    trust.on_event(-1, (L, 50), 500)
+    trust.on_seek([-1], (-1, -1))
+    assert trust.on_event(-1, (L, -1), None) is Outcome.IGNORED
+    trust.on_message(-1, pos(0))
+    assert not trust.distrusting(-1)
+    assert trust.watermark() is None and trust.listener_watermark(Watermark(500)) is None
+
+
+def test_give_up_after_a_seek_that_delivered_nothing_trusts_again() -> None:
+    trust = WatermarkTrust([-1])
+    trust.on_event(-1, (L, 50), 500)
+    trust.on_seek([-1], None)
+    trust.on_event(-1, (L, 70), 700)
+    trust.give_up(-1)
+    assert trust.watermark() == Watermark(700)
 
 
 def test_a_forward_seek_ends_a_distrust() -> None:
@@ -435,9 +462,12 @@ def run_model(
                     step(then, partition, 0)
                 if consumer.handed:
                     step("ack", partition, 0)
-        elif op == "dispatch" and cursor.read < size:
-            consumer.in_flight[partition].append(cursor.read)
-            cursor.read += 1
+        elif op == "dispatch":
+            while cursor.read < size and cursor.read in cursor.acked:  # Pulsar skips what is acknowledged
+                cursor.read += 1
+            if cursor.read < size:
+                consumer.in_flight[partition].append(cursor.read)
+                cursor.read += 1
         elif op == "receive" and consumer.in_flight[partition]:
             consumer.receive(partition, consumer.in_flight[partition].popleft())
         elif op == "hand":
@@ -456,10 +486,16 @@ def run_model(
             consumer.update_listener()
         elif op in ("seek", "seek_by_time", "reset"):
             target = arg % (size + 1)
+            if op != "reset":  # the client sends what the application acknowledged before it seeks
+                consumer.release(partition)
             cursor.seek(target)
             consumer.in_flight[partition].clear()  # the client drops what it had not handed to us
             if op != "reset":  # our own seek drops what we had not handed over either (reset: we do not know)
                 consumer.queue = deque(item for item in consumer.queue if item[0] != partition)
+            if arg >= 100:  # the generator publishes between Pulsar's seek and the consumer's note of it
+                step("poll", partition, 0)
+                while channel:
+                    step("event", partition, 0)
             if op == "seek":
                 trust.on_seek([partition], (L, target))
             elif op == "seek_by_time":
@@ -512,7 +548,7 @@ def run_model(
 
 
 def operations(alphabet: tuple[str, ...] = WEIGHTED) -> st.SearchStrategy[list[tuple[str, int, int]]]:
-    return st.lists(st.tuples(st.sampled_from(alphabet), st.integers(0, 1), st.integers(0, 50)), max_size=80)
+    return st.lists(st.tuples(st.sampled_from(alphabet), st.integers(0, 1), st.integers(0, 200)), max_size=80)
 
 
 @settings(max_examples=1500, deadline=None)
@@ -563,3 +599,13 @@ def test_model_a_stale_event_that_arrives_after_a_replayed_message() -> None:
     for listener in (True, False):
         consumer = run_model({-1: log}, ops, listener=listener)
         assert consumer.trust.watermark() == Watermark(50)
+
+
+def test_model_seek_forward_while_the_generator_publishes_in_between() -> None:
+    """The generator's event for the new position comes before the consumer notes its own seek forward."""
+    log = Log([None, 10, 10, 20, 20, 30, 30, 40, 40, 50, 50], [10, 10, 10, 20, 20, 30, 30, 40, 40, 50])
+    ops = [("dispatch", 0, 0), ("receive", 0, 0), ("poll", 0, 0), ("event", 0, 0)]  # the marker: watermark 10
+    ops += [("dispatch", 0, 0), ("receive", 0, 0), ("hand", 0, 0)]  # m1 handed over, never acknowledged
+    ops += [("seek", 0, 109)]  # to the end (target 109 % 11 = 10: after the last entry), the generator in between
+    consumer = run_model({-1: log}, ops, settle=False)
+    assert consumer.trust.watermark() == Watermark(50)
