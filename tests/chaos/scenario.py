@@ -141,6 +141,8 @@ class ChaosListener(WatermarkListener):
         self.ids = ids
         self.publish_times = publish_times
         self.dead = False
+        self.held: Watermark | None = None
+        """The watermark last handed to this listener (`computed_at` as the consumer holds it, see `received`)."""
 
     def received(self, consumer: WatermarkConsumer, message: pulsar.Message) -> None:
         if self.dead:
@@ -148,6 +150,7 @@ class ChaosListener(WatermarkListener):
         if self.max_delay_s:
             time.sleep(self.rng.uniform(0, self.max_delay_s))
         payload = message.data().decode()
+        self._restated(consumer)
         msg_id = message.message_id()
         position = (msg_id.partition(), msg_id.ledger_id(), msg_id.entry_id())
         self.log.events.append(
@@ -164,12 +167,31 @@ class ChaosListener(WatermarkListener):
         self.publish_times[payload] = message.publish_timestamp()
 
     def received_watermark(self, consumer: WatermarkConsumer, watermark: Watermark) -> None:
+        self.held = watermark
         if not self.dead:
             self.log.events.append(WatermarkSeen(watermark.event_time, time.monotonic(), watermark.computed_at))
 
     def watermark_withdrawn(self, consumer: WatermarkConsumer) -> None:
+        self.held = None
         if not self.dead:
             self.log.events.append(WatermarkWithdrawn(time.monotonic()))
+
+    def _restated(self, consumer: WatermarkConsumer) -> None:
+        """Record a watermark recomputed at another position with the same event time.
+
+        The consumer hands a listener each watermark once (equal event times are the same
+        watermark), so after a move back whose recomputed value equals the old one the listener
+        is not called, but the consumer then holds the value as computed at the earlier position
+        (`get_last_watermark().computed_at`). The positional check (`check_stale`) must compare
+        a message with that position, not with the one of the first hand-over (seed 2).
+        """
+        now = consumer.get_last_watermark()
+        held = self.held
+        if now is None or held is None or now.event_time != held.event_time or now.computed_at == held.computed_at:
+            return
+        self.held = now
+        if not self.dead:
+            self.log.events.append(WatermarkSeen(now.event_time, time.monotonic(), now.computed_at))
 
 
 class Scenario:
