@@ -24,7 +24,8 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   first message after it replaces (a seek into a deleted ledger lands later than its target; a
   seek by publish time has no known target and takes the held event's position); a seek forward
   of the held event's position, known from its target or from that first message, changes
-  nothing: a watermark computed before it holds for everything after it;
+  nothing: a watermark computed before it holds for everything after it (but a later event the
+  first message contradicts distrusts from that message, as in `on_event`);
 - **giving up**: `give_up` (the caller's time limit) withdraws the partition's watermark and
   accepts the next event that no unacknowledged message contradicts; callers log it. After a
   seek that delivered nothing at all it trusts the held and latest events again instead.
@@ -163,7 +164,14 @@ class WatermarkTrust:
             if state.held is not None and entry > state.held.position:
                 state.floor = None
                 self._regained.add(partition)
-                self._take_latest(partition)  # what the generator published for the seek meanwhile
+                if not self._take_latest(partition) and state.latest is not None and state.latest is not state.held:
+                    # The latest event was refused for this very message: it was computed at or after
+                    # it, before the seek moved back over it. Distrust from here, as `on_event` does,
+                    # so the acknowledgement is held and the generator sees the move back; otherwise
+                    # nothing would ever reconsider that event, and the generator, which published
+                    # it already, publishes nothing new: the held watermark would stay for good.
+                    state.floor = entry
+                    self._regained.discard(partition)
             else:
                 self._reconsider(partition)  # an event that came before this message may be before it
         elif state.floor is not None:
@@ -237,9 +245,13 @@ class WatermarkTrust:
         return self._partitions[partition].floor is not None and self._take_latest(partition)
 
     def _take_latest(self, partition: int) -> bool:
-        """Take the latest event if it is not the held one and nothing the partition protects contradicts it."""
+        """Take the latest event if it is not the held one and nothing the partition protects contradicts it.
+
+        By identity: the generator republishes an unchanged value after a move back, and that event,
+        equal to the held one, is the evidence a distrusted partition waits for.
+        """
         state = self._partitions[partition]
-        if state.latest is None or state.latest == state.held or not state.accepts(state.latest.position):
+        if state.latest is None or state.latest is state.held or not state.accepts(state.latest.position):
             return False
         state.held, state.floor, state.provisional = state.latest, None, False
         self._regained.add(partition)

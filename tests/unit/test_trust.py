@@ -609,3 +609,16 @@ def test_model_seek_forward_while_the_generator_publishes_in_between() -> None:
     ops += [("seek", 0, 109)]  # to the end (target 109 % 11 = 10: after the last entry), the generator in between
     consumer = run_model({-1: log}, ops, settle=False)
     assert consumer.trust.watermark() == Watermark(50)
+
+
+def test_model_seek_by_time_lands_after_the_held_event_but_before_a_stale_one() -> None:
+    """Found by hypothesis: the event for the old position (watermark 10, computed at entry 7) is refused
+    for the first message after a seek by time back to entry 6, which is still after the held event's
+    position (entry 5). The partition distrusts from entry 6, so the generator sees the move back and
+    republishes; otherwise nothing reconsiders the refused event and the consumer holds 0 for good."""
+    log = Log([None, 0, 0, 0, 0, 0, 0, 0, 10], [0] * 8)
+    ops = [("flow", 0, 4), ("flow", 0, 0), ("poll", 0, 0), ("flow", 0, 1), ("poll", 0, 0), ("event", 0, 0)]
+    ops += [("seek_by_time", 0, 6), ("event", 0, 0), ("flow", 0, 0)]
+    for listener in (True, False):
+        consumer = run_model({0: log, 1: log}, ops, listener=listener)
+        assert consumer.trust.watermark() == Watermark(10, computed_at=((0, L, 7), (1, L, 7)))
