@@ -80,8 +80,9 @@ class WatermarkConsumer:
         # and no thread or reader left running behind it.
         with explained(service_url=service_url_of(client), topic=topic, doing="subscribe to"):
             self._feed = WatermarkFeed(
-                client, topic, subscription, self._on_watermark, recompute_wait_s=recompute_wait_s
-            )
+                client, topic, subscription, self._on_watermark, on_skipped=self._acknowledge_skipped,
+                recompute_wait_s=recompute_wait_s,
+            )  # fmt: skip
             try:
                 if listener is not None:
                     self._dispatcher = threading.Thread(
@@ -98,6 +99,8 @@ class WatermarkConsumer:
                 raise
         self._subscribed.set()
         self._inclusive_seek = bool(subscribe_options.get("start_message_id_inclusive", False))
+        self._seek_partition_index: dict[int, int] = {}
+        """Feed partition -> the Pulsar partition index of the last by-id seek's target there."""
         self._warning = threading.Timer(no_watermark_warning_s, self._warn_if_no_watermark)
         self._warning.daemon = True
         self._warning.start()
@@ -279,6 +282,10 @@ class WatermarkConsumer:
         `start_message_id_inclusive=True`) but the broker's cursor stays before it, so nobody
         would ever acknowledge it and the subscription, and its watermark, would stay there for
         good; this consumer acknowledges the target itself (a message that is not batched).
+        The client also keeps dropping, unacknowledged, every later delivery of an entry of the
+        target's ledger up to the target: when the subscription moves back over it again (a
+        reset-cursor, another consumer's seek) this consumer acknowledges those entries once the
+        generator shows it the move (watermark_core/trust.py, "entries the Pulsar client drops").
         """
         partitions: list[int] | None
         if isinstance(target, int) and not isinstance(target, bool):
@@ -293,7 +300,10 @@ class WatermarkConsumer:
             self._feed.send_held(partitions)
             self._drop_queued(partitions)
             self._consumer.seek(target)
-            self._feed.seek(partitions, entry)
+            filters_through = None if entry is None or partitions is None else self._filters_through(target)
+            if filters_through is not None and partitions is not None:
+                self._seek_partition_index[partitions[0]] = target.partition()
+            self._feed.seek(partitions, entry, filters_through=filters_through)
             if entry is not None and self._skips_target(target):
                 self.acknowledge(target)
         finally:
@@ -307,6 +317,27 @@ class WatermarkConsumer:
         ledger, entry = target.ledger_id(), target.entry_id()
         return ledger >= 0 and entry >= 0 and (ledger, entry) != (pulsar.MessageId.latest.ledger_id(),
                                                                    pulsar.MessageId.latest.entry_id())  # fmt: skip
+
+    def _filters_through(self, target: Any) -> tuple[int, int] | None:
+        """The last entry of the target's ledger whose later deliveries the Pulsar client drops after seeking to
+        `target` (a real, unbatched message id), or None."""
+        if target.batch_index() >= 0:
+            return None
+        ledger, entry = target.ledger_id(), target.entry_id()
+        if ledger < 0 or entry < 0 or (ledger, entry) == (pulsar.MessageId.latest.ledger_id(),
+                                                          pulsar.MessageId.latest.entry_id()):  # fmt: skip
+            return None
+        last = entry - 1 if self._inclusive_seek else entry
+        return (ledger, last) if last >= 0 else None
+
+    def _acknowledge_skipped(self, partition: int, entry: tuple[int, int]) -> None:
+        """Acknowledge an entry the Pulsar client drops (the feed's `on_skipped`, on the feed's thread)."""
+        if self._closed or "_consumer" not in self.__dict__:
+            return
+        index = self._seek_partition_index.get(partition, partition)
+        msg_id = pulsar.MessageId(index, entry[0], entry[1], -1)
+        log.debug("%s: acknowledging %s, which the Pulsar client drops since the seek", self.subscription, entry)
+        self._feed.acknowledge(partition, position_of(entry[0], entry[1]), lambda: self._consumer.acknowledge(msg_id))
 
     def _drop_queued(self, partitions: list[int] | None) -> None:
         """Forget the messages of these partitions (None: all) waiting for the listener."""

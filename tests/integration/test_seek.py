@@ -8,6 +8,7 @@ bound, never timed).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pulsar
@@ -65,6 +66,70 @@ def test_seek_back_by_message_id_with_the_consumer_attached(pulsar_client: pulsa
     first = timeline.messages[handed_before]
     assert first.payload == b"m11", "Pulsar resumes after the message id sought to"
     assert first.held is not None and first.held.event_time in (10_000, 11_000), "recomputed before m11"
+    assert consumer.late_messages == 0
+    consumer.close()
+    producer.close()
+
+
+def test_the_pulsar_client_drops_the_entries_up_to_its_seek_target_when_the_subscription_moves_back_over_it(
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
+) -> None:
+    """What the next test works around, with a plain `pulsar.Consumer` (pulsar-client 3.13): after `seek(m30)`
+    the client keeps m30 as its start message id and drops every later delivery of an entry of that ledger
+    up to it, without acknowledging it; a reset-cursor back to m20 leaves m20..m30 unacknowledged for good.
+    If this fails after a client upgrade, the workaround in WatermarkConsumer may be dropped."""
+    producer = pulsar_client.create_producer(topic, batching_enabled=False)
+    ids = [producer.send(f"m{i}".encode()) for i in range(40)]
+    consumer = pulsar_client.subscribe(topic, "plain", consumer_type=pulsar.ConsumerType.Failover)
+
+    def receive_until_m39() -> list[bytes]:
+        payloads: list[bytes] = []
+        while not payloads or payloads[-1] != b"m39":
+            message = consumer.receive(timeout_millis=10_000)
+            consumer.acknowledge(message)
+            payloads.append(message.data())
+        return payloads
+
+    assert receive_until_m39()[0] == b"m0"
+    consumer.seek(ids[30])
+    assert receive_until_m39()[0] == b"m31"
+    consumer.acknowledge(ids[30])  # what WatermarkConsumer.seek does: nobody else would
+    last = (ids[39].ledger_id(), ids[39].entry_id())
+    wait_until(lambda: admin.mark_delete_position(topic, "plain") == last, what="everything acknowledged")
+    time.sleep(1.0)
+
+    admin.reset_cursor(topic, "plain", ids[20])
+    assert receive_until_m39()[0] == b"m31", "m20..m30 came again and the client dropped them"
+    time.sleep(2.0)  # acknowledgements are grouped (100 ms)
+    assert admin.mark_delete_position(topic, "plain") == (ids[19].ledger_id(), ids[19].entry_id())
+    consumer.close()
+    producer.close()
+
+
+def test_a_reset_cursor_back_over_the_consumers_seek_target_leaves_nothing_unacknowledged(
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
+) -> None:
+    """Chaos seed 60559: after `seek(m30)` the Pulsar client drops, unacknowledged, every later delivery of an
+    entry of m30's ledger up to m30; an operator's reset-cursor back to m20 a second later delivers m20..m30
+    again, the client drops them, and without the consumer acknowledging them the subscription (and its
+    watermark) would stay before m20 for good."""
+    timeline = Timeline()
+    consumer = attach(pulsar_client, topic, "reprocess", timeline, consumer_type=pulsar.ConsumerType.Failover)
+    producer = WatermarkProducer(pulsar_client, topic, producer_name="P", keepalive_interval_ms=None)
+    ids = produce_rising(producer)
+    wait_for_watermark(timeline, LAST, "watermark 49000")
+    consumer.seek(ids[30])
+    wait_until(lambda: timeline.count(b"m49") == 2, timeout_s=RECOMPUTED_WITHIN_S, what="the replay after m30")
+    wait_for_watermark(timeline, LAST, "watermark 49000 again after the seek")
+    time.sleep(1.0)  # the chaos suite spaces the moves of one subscription by 1 s
+
+    admin.reset_cursor(topic, "reprocess", ids[20])
+    wait_until(lambda: timeline.count(b"m49") == 3, timeout_s=RECOMPUTED_WITHIN_S, what="the replay after the reset")
+    last = (ids[49].ledger_id(), ids[49].entry_id())
+    wait_until(lambda: admin.mark_delete_position(topic, "reprocess") >= last, timeout_s=RECOMPUTED_WITHIN_S,
+               what="everything acknowledged, the entries the client dropped included")  # fmt: skip
+    wait_for_watermark(timeline, LAST, "watermark 49000 at the end")
+    timeline.assert_never_below_the_held_watermark()
     assert consumer.late_messages == 0
     consumer.close()
     producer.close()
