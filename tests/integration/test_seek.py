@@ -78,9 +78,9 @@ def test_the_pulsar_client_drops_the_entries_up_to_its_seek_target_when_the_subs
     the client keeps m30 as its start message id and drops every later delivery of an entry of that ledger
     up to it, without acknowledging it; a reset-cursor back to m20 leaves m20..m30 unacknowledged for good.
     If this fails after a client upgrade, the workaround in WatermarkConsumer may be dropped."""
+    consumer = pulsar_client.subscribe(topic, "plain", consumer_type=pulsar.ConsumerType.Failover)
     producer = pulsar_client.create_producer(topic, batching_enabled=False)
     ids = [producer.send(f"m{i}".encode()) for i in range(40)]
-    consumer = pulsar_client.subscribe(topic, "plain", consumer_type=pulsar.ConsumerType.Failover)
 
     def receive_until_m39() -> list[bytes]:
         payloads: list[bytes] = []
