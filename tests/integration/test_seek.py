@@ -18,6 +18,7 @@ from consumer import WatermarkConsumer
 from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
 from tests.integration.helpers import Timeline, wait_until
+from watermark_core.protocol import MARKER_PROPERTY
 
 pytestmark = pytest.mark.usefixtures("generator")
 
@@ -87,7 +88,8 @@ def test_the_pulsar_client_drops_the_entries_up_to_its_seek_target_when_the_subs
         while not payloads or payloads[-1] != b"m39":
             message = consumer.receive(timeout_millis=10_000)
             consumer.acknowledge(message)
-            payloads.append(message.data())
+            if MARKER_PROPERTY not in message.properties():  # the generator's W_SNAPSHOT records
+                payloads.append(message.data())
         return payloads
 
     assert receive_until_m39()[0] == b"m0"
@@ -95,7 +97,7 @@ def test_the_pulsar_client_drops_the_entries_up_to_its_seek_target_when_the_subs
     assert receive_until_m39()[0] == b"m31"
     consumer.acknowledge(ids[30])  # what WatermarkConsumer.seek does: nobody else would
     last = (ids[39].ledger_id(), ids[39].entry_id())
-    wait_until(lambda: admin.mark_delete_position(topic, "plain") == last, what="everything acknowledged")
+    wait_until(lambda: admin.mark_delete_position(topic, "plain") >= last, what="everything acknowledged")
     time.sleep(1.0)
 
     admin.reset_cursor(topic, "plain", ids[20])
