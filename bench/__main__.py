@@ -1,27 +1,49 @@
-"""`make bench`: every benchmark in one run against one real cluster; writes docs/BENCHMARKS.md."""
+"""`make bench`: every benchmark in one run against one real cluster; writes docs/BENCHMARKS.md.
+
+`python -m bench seek` (or any of client, generator, scale, spark, seek) runs only those, merging
+their figures into docs/benchmarks.json.
+"""
 
 from __future__ import annotations
 
+import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-from bench import client_throughput, generator, generator_scale, spark
+from bench import client_throughput, generator, generator_scale, seek, spark
 from bench.common import bench_cluster, say, write_results
 from devtools.local_cluster import PULSAR_VERSION
+from pulsar_access.settings import PulsarSettings
+
+Figures = dict[str, float | int | str]
 
 
-def main() -> None:
+def _generator_scale(settings: PulsarSettings) -> Figures:
+    with tempfile.TemporaryDirectory(prefix="wm-bench-scale-") as logs:
+        return generator_scale.run(settings, Path(logs))
+
+
+GROUPS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {
+    "client": ("client throughput (issue 3)", client_throughput.run),
+    "generator": ("generator (issue 4)", generator.run),
+    "scale": ("generator at scale (issue 13)", _generator_scale),
+    "spark": ("Spark (issue 5)", spark.run),
+    "seek": ("seeks with consumers attached (issue 16)", seek.run),
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    chosen = (sys.argv[1:] if argv is None else argv) or list(GROUPS)
+    unknown = [name for name in chosen if name not in GROUPS]
+    if unknown:
+        raise SystemExit(f"unknown benchmark {unknown}; choose from {', '.join(GROUPS)}")
     with bench_cluster() as settings:
-        figures: dict[str, float | int | str] = {"pulsar_version": PULSAR_VERSION}
-        say("client throughput (issue 3)")
-        figures.update(client_throughput.run(settings))
-        say("generator (issue 4)")
-        figures.update(generator.run(settings))
-        say("generator at scale (issue 13)")
-        with tempfile.TemporaryDirectory(prefix="wm-bench-scale-") as logs:
-            figures.update(generator_scale.run(settings, Path(logs)))
-        say("Spark (issue 5)")
-        figures.update(spark.run(settings))
+        figures: Figures = {"pulsar_version": PULSAR_VERSION}
+        for name in chosen:
+            title, run = GROUPS[name]
+            say(title)
+            figures.update(run(settings))
         write_results(figures)
     for key, value in figures.items():
         if not key.endswith("_how"):

@@ -39,7 +39,9 @@ def window_close_latency(spark: Any, client: pulsar.Client, windows: int = 12) -
     emitted: dict[int, float] = {}
     lock = threading.Lock()
 
-    def on_watermark(watermark: Watermark) -> None:
+    def on_watermark(watermark: Watermark | None) -> None:
+        if watermark is None:
+            return
         with lock:
             for index in range(windows):
                 if watermark.event_time >= BASE + (index + 1) * 10_000:

@@ -303,7 +303,13 @@ class _DriverState:
         return ends
 
     def watermark(self) -> int:
-        """The subscription's broker watermark (minimum over partitions), from the generator."""
+        """The subscription's broker watermark (minimum over partitions), from the generator.
+
+        NO_WATERMARK while a partition has none, also when its recomputed state has none (an event
+        with `event_time` null, e.g. after a reset to before any W_SET): never an older value kept
+        for it. `latestOffset` then keeps the query's previous watermark, which still holds for what
+        Spark reads: its offsets come from the checkpoint, not from the subscription's cursor.
+        """
         if self._feed is None:
             from consumer.watermark_feed import WatermarkFeed
             from pulsar_access.errors import explained
