@@ -1,7 +1,7 @@
 """`make bench`: every benchmark in one run against one real cluster; writes docs/BENCHMARKS.md.
 
-`python -m bench spark` (or `client`, `generator`, `scale`) runs only those; the other figures in
-docs/benchmarks.json stay as they were.
+`python -m bench seek` (or any of client, generator, scale, spark, seek) runs only those, merging
+their figures into docs/benchmarks.json.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import client_throughput, generator, generator_scale, spark
+from bench import client_throughput, generator, generator_scale, seek, spark
 from bench.common import bench_cluster, say, write_results
 from devtools.local_cluster import PULSAR_VERSION
 from pulsar_access.settings import PulsarSettings
@@ -24,23 +24,24 @@ def _generator_scale(settings: PulsarSettings) -> Figures:
         return generator_scale.run(settings, Path(logs))
 
 
-PARTS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {
+GROUPS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {
     "client": ("client throughput (issue 3)", client_throughput.run),
     "generator": ("generator (issue 4)", generator.run),
     "scale": ("generator at scale (issue 13)", _generator_scale),
     "spark": ("Spark (issues 5 and 14)", spark.run),
+    "seek": ("seeks with consumers attached (issue 16)", seek.run),
 }
 
 
-def main() -> None:
-    wanted = sys.argv[1:] or list(PARTS)
-    unknown = [name for name in wanted if name not in PARTS]
+def main(argv: list[str] | None = None) -> None:
+    chosen = (sys.argv[1:] if argv is None else argv) or list(GROUPS)
+    unknown = [name for name in chosen if name not in GROUPS]
     if unknown:
-        sys.exit(f"unknown benchmark {unknown[0]!r}; choose from {', '.join(PARTS)}")
+        raise SystemExit(f"unknown benchmark {unknown}; choose from {', '.join(GROUPS)}")
     with bench_cluster() as settings:
-        figures: dict[str, float | int | str] = {"pulsar_version": PULSAR_VERSION}
-        for name in wanted:
-            title, run = PARTS[name]
+        figures: Figures = {"pulsar_version": PULSAR_VERSION}
+        for name in chosen:
+            title, run = GROUPS[name]
             say(title)
             figures.update(run(settings))
         write_results(figures)

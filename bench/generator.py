@@ -30,13 +30,18 @@ FAST_ENV = {"WM_POLL_INTERVAL_S": "0.05", "WM_IDLE_POLL_INTERVAL_S": "1", "WM_SN
 
 
 class Generator:
-    """A `broker-ext serve` process following one namespace; its CPU time is read from /proc."""
+    """A `broker-ext serve` process following one namespace; its CPU time is read from /proc.
 
-    def __init__(self, settings: PulsarSettings, namespace: str, log_dir: Path) -> None:
+    `config_env`: its WM_* settings (default: FAST_ENV; {} for the generator's own defaults).
+    """
+
+    def __init__(
+        self, settings: PulsarSettings, namespace: str, log_dir: Path, config_env: dict[str, str] | None = None
+    ) -> None:
         self.instance_id = f"bench-{uuid.uuid4().hex[:6]}"
         self.metrics_port = free_port()
         env = {
-            **os.environ, **FAST_ENV,
+            **os.environ, **(FAST_ENV if config_env is None else config_env),
             "PULSAR_SERVICE_URL": settings.service_url, "PULSAR_ADMIN_URL": settings.admin_url,
             "WM_NAMESPACES": namespace, "WM_METRICS_PORT": str(self.metrics_port),
             "WM_INSTANCE_ID": self.instance_id,
@@ -92,7 +97,9 @@ class _WatermarkTimes:
         self.seen: dict[int, float] = {}
         self.changed = threading.Condition()
 
-    def __call__(self, watermark: Watermark) -> None:
+    def __call__(self, watermark: Watermark | None) -> None:
+        if watermark is None:
+            return
         with self.changed:
             self.seen.setdefault(watermark.event_time, time.perf_counter())
             self.changed.notify_all()

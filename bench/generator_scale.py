@@ -134,8 +134,10 @@ class _Latencies:
 
         return record
 
-    def watermark(self, topic: int) -> Callable[[Watermark], None]:
-        def record(watermark: Watermark) -> None:
+    def watermark(self, topic: int) -> Callable[[Watermark | None], None]:
+        def record(watermark: Watermark | None) -> None:
+            if watermark is None:  # distrusted after a move back: nothing to time
+                return
             with self.lock:
                 self.seen.setdefault((topic, watermark.event_time), time.perf_counter())
 

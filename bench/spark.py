@@ -88,7 +88,9 @@ def window_close_latency(spark: Any, client: pulsar.Client, admin: PulsarAdmin) 
     head_thread = threading.Thread(target=follow_heads, daemon=True)
     head_thread.start()
 
-    def on_watermark(watermark: Watermark) -> None:
+    def on_watermark(watermark: Watermark | None) -> None:
+        if watermark is None:
+            return
         now = time.monotonic()
         with lock:
             for index in range(WINDOWS + 1):

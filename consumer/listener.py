@@ -19,4 +19,16 @@ class WatermarkListener:
         """A data message (never a marker). Acknowledge it with `consumer.acknowledge(message)`."""
 
     def received_watermark(self, consumer: WatermarkConsumer, watermark: Watermark) -> None:
-        """The subscription's watermark changed: no unacknowledged message of an honest producer is older."""
+        """The subscription's watermark changed: no unacknowledged message of an honest producer is older.
+
+        It goes back only after the subscription moved back (a seek, a reset-cursor): then it is
+        the watermark recomputed before the messages that come again, handed over before them.
+        """
+
+    def watermark_withdrawn(self, consumer: WatermarkConsumer) -> None:
+        """The subscription moved back to where it has no watermark (e.g. before any producer's W_SET).
+
+        The watermark received last no longer holds; until the next `received_watermark` there is
+        none, and the messages that come meanwhile may have any event time. Optional: override it
+        if you keep the watermark yourself.
+        """

@@ -4,10 +4,18 @@ Markers are acknowledged as soon as they arrive, so they never hold back the sub
 mark-delete position (which is what the generator's watermark follows). With a listener, data
 messages and watermarks pass through one queue and one thread, so the listener sees them in the
 order they happened, each once. Options the wrapper does not own pass through to `subscribe`.
+
+A watermark holds only for messages after the position it was computed at. When the subscription
+moves back (`seek`, an operator's reset-cursor, a redelivery of something acknowledged), the
+consumer stops trusting its watermark at once (watermark_core/trust.py): a listener gets no
+message of that partition until the watermark recomputed before it has been handed over (or
+taken away with `watermark_withdrawn` when the recomputed state has none); `get_last_watermark()`
+of a consumer without listener returns None meanwhile.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -19,14 +27,23 @@ from typing import Any
 import pulsar
 
 from consumer.listener import WatermarkListener
-from consumer.watermark_feed import WatermarkFeed
+from consumer.watermark_feed import RECOMPUTE_WAIT_S, WatermarkFeed
 from pulsar_access.errors import explained, service_url_of
-from watermark_core.protocol import MARKER_PROPERTY, MalformedMarker, Watermark, decode_marker, position_of
+from watermark_core.protocol import (
+    MARKER_PROPERTY,
+    MalformedMarker,
+    Position,
+    Watermark,
+    decode_marker,
+    position_of,
+)
 
 log = logging.getLogger(__name__)
 
 NO_WATERMARK_WARNING_S = 30.0
 _STOP = object()
+_WAKE = object()
+"""Queued by the feed: what the listener may hold can have changed."""
 
 
 class WatermarkConsumer:
@@ -40,6 +57,7 @@ class WatermarkConsumer:
         listener: WatermarkListener | None = None,
         *,
         no_watermark_warning_s: float = NO_WATERMARK_WARNING_S,
+        recompute_wait_s: float = RECOMPUTE_WAIT_S,
         **subscribe_options: Any,
     ) -> None:
         if "message_listener" in subscribe_options:
@@ -52,6 +70,7 @@ class WatermarkConsumer:
         self.malformed_markers: Counter[str] = Counter()
         self._late: weakref.WeakSet[pulsar.Message] = weakref.WeakSet()
         self._delivered: Watermark | None = None
+        self._wake_queued = threading.Event()
         self._closed = False
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=subscribe_options.get("receiver_queue_size", 1000))
         self._dispatcher: threading.Thread | None = None
@@ -60,7 +79,10 @@ class WatermarkConsumer:
         # A broker that is down, a wrong URL, a missing namespace or a refused token: one clear error,
         # and no thread or reader left running behind it.
         with explained(service_url=service_url_of(client), topic=topic, doing="subscribe to"):
-            self._feed = WatermarkFeed(client, topic, subscription, self._on_watermark)
+            self._feed = WatermarkFeed(
+                client, topic, subscription, self._on_watermark, on_skipped=self._acknowledge_skipped,
+                recompute_wait_s=recompute_wait_s,
+            )  # fmt: skip
             try:
                 if listener is not None:
                     self._dispatcher = threading.Thread(
@@ -68,8 +90,7 @@ class WatermarkConsumer:
                     )
                     self._dispatcher.start()
                     subscribe_options["message_listener"] = self._on_message
-                if self._feed.current is not None:
-                    self._on_watermark(self._feed.current)
+                self._on_watermark(self._feed.current)
                 self._consumer = client.subscribe(topic, subscription, **subscribe_options)
             except BaseException:
                 self._subscribed.set()
@@ -77,6 +98,9 @@ class WatermarkConsumer:
                 self._feed.close()
                 raise
         self._subscribed.set()
+        self._inclusive_seek = bool(subscribe_options.get("start_message_id_inclusive", False))
+        self._seek_partition_index: dict[int, int] = {}
+        """Feed partition -> the Pulsar partition index of the last by-id seek's target there."""
         self._warning = threading.Timer(no_watermark_warning_s, self._warn_if_no_watermark)
         self._warning.daemon = True
         self._warning.start()
@@ -84,14 +108,24 @@ class WatermarkConsumer:
     # -- watermarks ----------------------------------------------------------------------------------
 
     def get_last_watermark(self) -> Watermark | None:
-        """The latest watermark of this subscription (the minimum over its partitions), or None."""
+        """The latest watermark of this subscription (the minimum over its partitions), or None.
+
+        With a listener: the one the listener holds (no message is handed over under a watermark
+        computed at or after it). Without: the trusted one, None while the subscription has none
+        or has moved back and the watermark recomputed before the messages coming again is not in yet.
+        """
         if self._listener is not None:
             return self._delivered
         return self._feed.current
 
-    def _on_watermark(self, watermark: Watermark) -> None:
-        if self._listener is not None:
-            self._queue.put(watermark)
+    def _on_watermark(self, _current: Watermark | None) -> None:
+        """The feed's news (on its thread): wake the dispatcher, never blocking the feed."""
+        if self._listener is not None and not self._wake_queued.is_set():
+            self._wake_queued.set()
+            try:
+                self._queue.put_nowait(_WAKE)
+            except queue.Full:  # the dispatcher is busy with messages and looks before each of them
+                self._wake_queued.clear()
 
     def _warn_if_no_watermark(self) -> None:
         if self._feed.current is None and not self._closed:
@@ -103,6 +137,15 @@ class WatermarkConsumer:
 
     # -- messages ------------------------------------------------------------------------------------
 
+    def _position(self, message_or_id: Any) -> tuple[int, Position]:
+        """(partition, position) of a message or a message id, as the feed names partitions."""
+        msg_id = message_or_id.message_id() if hasattr(message_or_id, "message_id") else message_or_id
+        partition = self._feed.partition_of(msg_id.partition())
+        return partition, position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+
+    def _observe(self, message: pulsar.Message) -> None:
+        self._feed.observe(*self._position(message))
+
     def _hide_marker(self, message: pulsar.Message, properties: dict[str, str]) -> None:
         """Acknowledge and drop a marker, counting (and logging once per kind) a malformed one."""
         msg_id = message.message_id()
@@ -111,7 +154,7 @@ class WatermarkConsumer:
                 properties,
                 message.data(),
                 message.producer_name(),
-                position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index()),
+                self._position(msg_id)[1],
                 message.publish_timestamp(),
             )
             self.markers_hidden += 1
@@ -122,7 +165,7 @@ class WatermarkConsumer:
                     "skipping malformed marker (%s) from %r at %s on %s: %s",
                     exc.reason, message.producer_name(), msg_id, message.topic_name(), exc,
                 )  # fmt: skip
-        self._consumer.acknowledge(message)
+        self.acknowledge(message)
 
     def _note_lateness(self, message: pulsar.Message, watermark: Watermark | None) -> None:
         if watermark is not None:
@@ -144,6 +187,7 @@ class WatermarkConsumer:
         else:
             deadline = time.monotonic() + timeout_millis / 1000
             message = self._consumer.receive(timeout_millis=timeout_millis)
+        self._observe(message)
         properties = message.properties()
         while MARKER_PROPERTY in properties:
             self._hide_marker(message, properties)
@@ -151,6 +195,7 @@ class WatermarkConsumer:
                 message = self._consumer.receive()
             else:
                 message = self._consumer.receive(timeout_millis=max(0, int((deadline - time.monotonic()) * 1000)))
+            self._observe(message)
             properties = message.properties()
         self._note_lateness(message, self._feed.current)
         return message
@@ -165,6 +210,7 @@ class WatermarkConsumer:
         if self._closed or "_consumer" not in self.__dict__:
             return
         try:
+            self._observe(message)
             properties = message.properties()
             if MARKER_PROPERTY in properties:
                 self._hide_marker(message, properties)
@@ -174,36 +220,141 @@ class WatermarkConsumer:
             log.exception("handling message %s of %s failed", message.message_id(), self.topic)
 
     def _dispatch(self) -> None:
-        """The one thread that calls the listener, for messages and watermarks alike."""
+        """The one thread that calls the listener, for messages and watermarks alike.
+
+        Before each message it waits until the message's partition is trusted (the watermark
+        recomputed after a move back has arrived) and hands over what the listener may hold then.
+        """
         assert self._listener is not None
         while True:
             item = self._queue.get()
-            if item is _STOP:
+            if item is _STOP or self._closed:
                 return
             try:
-                if isinstance(item, Watermark):
-                    if item != self._delivered:
-                        self._delivered = item
-                        self._listener.received_watermark(self, item)
-                else:
-                    self._note_lateness(item, self._delivered)
-                    self._listener.received(self, item)
+                if item is _WAKE:
+                    self._wake_queued.clear()
+                    self._hand_watermark()
+                    continue
+                if not self._feed.wait_to_hand_over(self._position(item)[0], lambda: self._closed):
+                    return
+                self._hand_watermark()
+                self._note_lateness(item, self._delivered)
+                self._listener.received(self, item)
             except Exception:
                 log.exception("the listener of %r on %s raised; continuing", self.subscription, self.topic)
+
+    def _hand_watermark(self) -> None:
+        """Hand the listener what it may hold now: a new value, or none; the same value silently."""
+        assert self._listener is not None
+        new = self._feed.listener_watermark(self._delivered)
+        previous, self._delivered = self._delivered, new
+        if new == previous:
+            return  # the same event time (maybe computed at other positions): not handed over again
+        if new is None:
+            self._listener.watermark_withdrawn(self)
+        else:
+            self._listener.received_watermark(self, new)
 
     # -- pass-through --------------------------------------------------------------------------------
 
     def acknowledge(self, message: Any) -> None:
-        self._consumer.acknowledge(message)
+        """Acknowledge a message or message id; held back while it would let the subscription pass a
+        position it moved back to before the watermark recomputed there has arrived (then sent)."""
+        partition, position = self._position(message)
+        self._feed.acknowledge(partition, position, lambda: self._consumer.acknowledge(message))
 
     def acknowledge_cumulative(self, message: Any) -> None:
-        self._consumer.acknowledge_cumulative(message)
+        partition, position = self._position(message)
+        self._feed.acknowledge(
+            partition, position, lambda: self._consumer.acknowledge_cumulative(message), cumulative=True
+        )
 
     def negative_acknowledge(self, message: Any) -> None:
         self._consumer.negative_acknowledge(message)
 
+    def seek(self, target: Any) -> None:
+        """Pulsar's `seek` (a message id, or an int publish time in ms), and distrust the watermark at once.
+
+        Messages received before the seek and not handed to the listener yet are dropped, as the
+        Pulsar client drops those it had not delivered: delivery starts again from the target.
+
+        By message id the Pulsar client resumes *after* the target (unless subscribed with
+        `start_message_id_inclusive=True`) but the broker's cursor stays before it, so nobody
+        would ever acknowledge it and the subscription, and its watermark, would stay there for
+        good; this consumer acknowledges the target itself (a message that is not batched).
+        The client also keeps dropping, unacknowledged, every later delivery of an entry of the
+        target's ledger up to the target: when the subscription moves back over it again (a
+        reset-cursor, another consumer's seek) this consumer acknowledges those entries once the
+        generator shows it the move (watermark_core/trust.py, "entries the Pulsar client drops").
+        """
+        partitions: list[int] | None
+        if isinstance(target, int) and not isinstance(target, bool):
+            partitions, entry = None, None
+        else:
+            index = target.partition()
+            partitions = [self._feed.partition_of(index)] if index >= 0 or len(self._feed.partitions) == 1 else None
+            entry = (target.ledger_id(), target.entry_id())
+        if self._listener is not None:  # nothing comes in between: what is queued now came before the seek
+            self._consumer.pause_message_listener()
+        try:
+            self._feed.send_held(partitions)
+            self._drop_queued(partitions)
+            self._consumer.seek(target)
+            filters_through = None if entry is None or partitions is None else self._filters_through(target)
+            if filters_through is not None and partitions is not None:
+                self._seek_partition_index[partitions[0]] = target.partition()
+            self._feed.seek(partitions, entry, filters_through=filters_through)
+            if entry is not None and self._skips_target(target):
+                self.acknowledge(target)
+        finally:
+            if self._listener is not None:
+                self._consumer.resume_message_listener()
+
+    def _skips_target(self, target: Any) -> bool:
+        """Whether Pulsar resumes after `target` without acknowledging it (a real, unbatched message id)."""
+        if self._inclusive_seek or target.batch_index() >= 0:
+            return False
+        ledger, entry = target.ledger_id(), target.entry_id()
+        return ledger >= 0 and entry >= 0 and (ledger, entry) != (pulsar.MessageId.latest.ledger_id(),
+                                                                   pulsar.MessageId.latest.entry_id())  # fmt: skip
+
+    def _filters_through(self, target: Any) -> tuple[int, int] | None:
+        """The last entry of the target's ledger whose later deliveries the Pulsar client drops after seeking to
+        `target` (a real, unbatched message id), or None."""
+        if target.batch_index() >= 0:
+            return None
+        ledger, entry = target.ledger_id(), target.entry_id()
+        if ledger < 0 or entry < 0 or (ledger, entry) == (pulsar.MessageId.latest.ledger_id(),
+                                                          pulsar.MessageId.latest.entry_id()):  # fmt: skip
+            return None
+        last = entry - 1 if self._inclusive_seek else entry
+        return (ledger, last) if last >= 0 else None
+
+    def _acknowledge_skipped(self, partition: int, entry: tuple[int, int]) -> None:
+        """Acknowledge an entry the Pulsar client drops (the feed's `on_skipped`, on the feed's thread)."""
+        if self._closed or "_consumer" not in self.__dict__:
+            return
+        index = self._seek_partition_index.get(partition, partition)
+        msg_id = pulsar.MessageId(index, entry[0], entry[1], -1)
+        log.debug("%s: acknowledging %s, which the Pulsar client drops since the seek", self.subscription, entry)
+        self._feed.acknowledge(partition, position_of(entry[0], entry[1]), lambda: self._consumer.acknowledge(msg_id))
+
+    def _drop_queued(self, partitions: list[int] | None) -> None:
+        """Forget the messages of these partitions (None: all) waiting for the listener."""
+        if self._listener is None:
+            return
+        with self._queue.mutex:
+            kept = [
+                item for item in self._queue.queue
+                if not isinstance(item, pulsar.Message)
+                or (partitions is not None and self._position(item)[0] not in partitions)
+            ]  # fmt: skip
+            self._queue.queue.clear()
+            self._queue.queue.extend(kept)
+            self._queue.not_full.notify_all()
+
     def __getattr__(self, name: str) -> Any:
-        """Everything else (`seek`, `unsubscribe`, ...) is the underlying `pulsar.Consumer`'s."""
+        """Everything else (`unsubscribe`, `pause_message_listener`, ...) is the underlying `pulsar.Consumer`'s."""
         return getattr(self._consumer, name)
 
     def close(self) -> None:
@@ -223,7 +374,8 @@ class WatermarkConsumer:
 
     def _stop_dispatcher(self) -> None:
         if self._dispatcher is not None:
-            self._queue.put(_STOP)
+            with contextlib.suppress(queue.Full):  # full: the dispatcher sees `_closed` at its next item
+                self._queue.put_nowait(_STOP)
             self._dispatcher.join(timeout=5)
 
     def __enter__(self) -> WatermarkConsumer:

@@ -3,18 +3,20 @@
 Markers are ordinary messages sent by the same Pulsar producer as the data, so the broker-known
 producer name identifies whose watermark they are and the log orders them with the data. On a
 partitioned topic every marker is sent to every partition, since each partition has its own
-watermark.
+watermark; a partition added to the topic later gets the producer's current assertion before any
+of its data (`producer.routing.PartitionCount`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pulsar
 
-from producer.routing import TARGET_PARTITION_PROPERTY, MarkerAwareRouter
+from producer.routing import TARGET_PARTITION_PROPERTY, MarkerAwareRouter, PartitionCount
 from producer.schedule import check_intervals
 from producer.writer import (
     MarkerWriter,
@@ -25,7 +27,7 @@ from producer.writer import (
 )
 from pulsar_access.errors import explained, service_url_of
 from pulsar_access.topics import full_name
-from watermark_core.protocol import MARKER_PROPERTY, MarkerKind
+from watermark_core.protocol import MARKER_PROPERTY, MarkerKind, encode_set
 from watermark_core.state import WatermarkConfig
 
 log = logging.getLogger(__name__)
@@ -34,11 +36,46 @@ __all__ = ["TransactionClosedError", "WatermarkBuilder", "WatermarkProducer", "W
 
 
 class _PartitionMarkers:
-    """The `MarkerSink` of a Pulsar producer: one copy of each marker per partition."""
+    """The `MarkerSink` of a Pulsar producer: one copy of each marker per covered partition.
 
-    def __init__(self, producer: pulsar.Producer, partitions: int, is_partitioned: bool) -> None:
+    `partitions` is None for a non-partitioned topic. Partitions added to the topic are covered
+    (`cover_new`) before the next marker or data message: they get `assertion()`, the producer's
+    current W_SET, first. The writer calls the sink under its marker lock, so that W_SET is in
+    order with every other marker of the producer.
+    """
+
+    def __init__(self, producer: pulsar.Producer, partitions: PartitionCount | None, label: str) -> None:
         self._producer = producer
-        self._targets: list[int | None] = list(range(partitions)) if is_partitioned else [None]
+        self._partitions = partitions
+        self._label = label
+        self.assertion: Callable[[], int | None] = lambda: None
+
+    def _targets(self) -> list[int | None]:
+        return [None] if self._partitions is None else list(range(self._partitions.covered))
+
+    def has_new(self) -> bool:
+        return self._partitions is not None and bool(self._partitions.uncovered())
+
+    def cover_new(self) -> None:
+        """Partitions added to the topic: send them this producer's current assertion, then count them covered.
+
+        The router keeps data off them until this is done; an idle producer or one that never
+        asserted has nothing to send there. A watermark transaction still open is not carried over
+        (its commit does nothing where its W_SET is missing: the new partition keeps the older value).
+        """
+        if self._partitions is None:
+            return
+        new = self._partitions.uncovered()
+        if not new:
+            return
+        event_time = self.assertion()
+        if event_time is not None:
+            payload = encode_set(event_time)
+            for partition in new:
+                self._producer.send(payload, properties=self._properties(MarkerKind.W_SET, partition))
+        self._partitions.cover(new.stop)
+        log.info("%s: partitions %d..%d added; asserted %s there", self._label, new.start, new.stop - 1,
+                 event_time)  # fmt: skip
 
     @staticmethod
     def _properties(kind: MarkerKind, partition: int | None) -> dict[str, str]:
@@ -48,10 +85,13 @@ class _PartitionMarkers:
         return properties
 
     def send(self, kind: MarkerKind, payload: bytes) -> list[Any]:
-        return [self._producer.send(payload, properties=self._properties(kind, p)) for p in self._targets]
+        self.cover_new()
+        return [self._producer.send(payload, properties=self._properties(kind, p)) for p in self._targets()]
 
     def send_async(self, kind: MarkerKind, payload: bytes, callback: SendCallback | None) -> None:
-        remaining = [len(self._targets)]
+        self.cover_new()
+        targets = self._targets()
+        remaining = [len(targets)]
         outcome: list[tuple[pulsar.Result, Any]] = []
         guard = threading.Lock()
 
@@ -64,7 +104,7 @@ class _PartitionMarkers:
             if done and callback is not None:
                 callback(*outcome[0])
 
-        for partition in self._targets:
+        for partition in targets:
             self._producer.send_async(payload, on_sent, properties=self._properties(kind, partition))
 
 
@@ -100,17 +140,19 @@ class WatermarkProducer:
         # A broker that is down, a wrong URL, a missing namespace or a refused token: one clear error.
         with explained(service_url=service_url_of(client), topic=topic, doing="create a producer on"):
             partitions = client.get_topic_partitions(topic)
-            self._partitions = len(partitions)
-            self._is_partitioned = partitions != [full_name(topic)]
-            if self._is_partitioned:
-                producer_options["message_router"] = MarkerAwareRouter(producer_options.get("message_router"))
+            count = PartitionCount(len(partitions)) if partitions != [full_name(topic)] else None
+            self._is_partitioned = count is not None
+            if count is not None:
+                producer_options["message_router"] = MarkerAwareRouter(producer_options.get("message_router"), count)
             self._producer = client.create_producer(topic, producer_name=producer_name, **producer_options)
+        self._markers = _PartitionMarkers(self._producer, count, f"{self.producer_name} on {topic}")
         self._writer = MarkerWriter(
-            _PartitionMarkers(self._producer, self._partitions, self._is_partitioned),
+            self._markers,
             f"{self.producer_name} on {topic}",
             keepalive_s=self._keepalive_s,
             ingestion_s=self._ingestion_interval_s,
         )
+        self._markers.assertion = lambda: self._writer.last_watermark
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         if self._writer.schedule is not None:
@@ -133,6 +175,7 @@ class WatermarkProducer:
     def send(self, content: bytes, **kwargs: Any) -> pulsar.MessageId:
         """An ordinary message; keyword arguments are those of `pulsar.Producer.send`."""
         _check_properties(kwargs)
+        self._cover_new_partitions()
         if kwargs.get("event_timestamp") is not None:
             return self._producer.send(content, **kwargs)
         kwargs.pop("event_timestamp", None)
@@ -140,6 +183,7 @@ class WatermarkProducer:
 
     def send_async(self, content: bytes, callback: SendCallback, **kwargs: Any) -> None:
         _check_properties(kwargs)
+        self._cover_new_partitions()
         if kwargs.get("event_timestamp") is not None:
             self._producer.send_async(content, callback, **kwargs)
             return
@@ -150,6 +194,12 @@ class WatermarkProducer:
 
     def flush(self) -> None:
         self._producer.flush()
+
+    def _cover_new_partitions(self) -> None:
+        """Before data: partitions the router has seen added get this producer's assertion (in order with
+        its markers), so the router may send data there."""
+        if self._markers.has_new():
+            self._writer.in_order(self._markers.cover_new)
 
     # -- watermarks ---------------------------------------------------------------------------------
 

@@ -83,6 +83,12 @@ class MarkerWriter:
         if self.closed:
             raise RuntimeError(f"watermark producer {self.label} is closed")
 
+    def in_order(self, action: Callable[[], R]) -> R:
+        """Run `action` in order with every marker (e.g. the sink covering partitions added to the topic)."""
+        with self._lock:
+            self.check_open()
+            return action()
+
     # -- data -----------------------------------------------------------------------------------------
 
     def send_data(self, send: Callable[[int | None], R]) -> R:

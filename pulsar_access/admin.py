@@ -251,6 +251,10 @@ class PulsarAdmin:
         policy = self._call("GET", f"{TopicName.parse(topic).rest_path}/retention", params={"applied": "true"}) or {}
         return int(policy.get("retentionTimeInMinutes", 0)), int(policy.get("retentionSizeInMB", 0))
 
+    def update_partitions(self, topic: str, partitions: int) -> None:
+        """Grow a partitioned topic to `partitions` partitions (Pulsar never shrinks one)."""
+        self._call("POST", f"{TopicName.parse(topic).rest_path}/partitions", json=partitions)
+
     def partitions(self, topic: str) -> int:
         """Number of partitions, 0 for a non-partitioned topic."""
         meta = self._call("GET", f"{TopicName.parse(topic).rest_path}/partitions")
@@ -305,6 +309,20 @@ class PulsarAdmin:
         if subscription not in cursors:
             raise TopicNotFound(f"subscription {subscription!r} not found on {topic}", 404)
         return mark_delete_of(cursors[subscription])
+
+    def reset_cursor(self, topic: str, subscription: str, to: int | tuple[int, int] | Any) -> None:
+        """Move a subscription's cursor as `pulsar-admin topics reset-cursor` does, consumers attached or not.
+
+        `to` is a publish time in ms (an int), or a message id: `(ledger, entry)` or a
+        `pulsar.MessageId`; delivery starts again at that message. Pulsar resets by time on every
+        partition of a partitioned topic, by message id only on one partition topic.
+        """
+        path = f"{TopicName.parse(topic).rest_path}/subscription/{quote(subscription, safe='')}/resetcursor"
+        if isinstance(to, int) and not isinstance(to, bool):
+            self._call("POST", f"{path}/{to}")
+            return
+        ledger, entry = (to[0], to[1]) if isinstance(to, tuple) else (to.ledger_id(), to.entry_id())  # type: ignore[union-attr]
+        self._call("POST", path, json={"ledgerId": int(ledger), "entryId": int(entry)})
 
     def delete_topic(self, topic: str, force: bool = True) -> None:
         self._call("DELETE", TopicName.parse(topic).rest_path, params={"force": str(force).lower()})

@@ -58,9 +58,15 @@ class MalformedMarker(ValueError):
 
 @dataclass(frozen=True)
 class Watermark:
-    """What listeners receive: the broker watermark of their subscription, in ms since the epoch."""
+    """What listeners receive: the broker watermark of their subscription, in ms since the epoch.
+
+    `computed_at` names, for each partition the value comes from, the mark-delete position it was
+    computed at: `(partition, ledger, entry)`, partition -1 for a non-partitioned topic. It holds for
+    the messages after those positions. Two watermarks are equal when their event times are.
+    """
 
     event_time: int
+    computed_at: tuple[tuple[int, int, int], ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,11 @@
 """The contract's checks over what each consumer's listener saw in one scenario (pure).
 
 A consumer *instance* is one `WatermarkConsumer` from subscribe to close (a crash ends it, the
-restart is a new instance). Instances never live across a seek: the scenario closes a
-subscription's consumers, seeks, waits until the generator has recomputed the watermark at the
-new position and only then opens new ones. So within an instance the watermark must never go back,
-and across instances of one subscription it goes back only when a seek lies between them.
+restart is a new instance). A seek of a subscription whose consumers were closed first (`epoch`
+counts those) lies between instances; a seek by an attached consumer or an operator's
+reset-cursor happens while instances live. Either way the watermark may go back only to one
+computed at an earlier position than the one it replaces (each watermark names the positions it
+was computed at); every message is checked against the watermark its listener held when it got it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+Positions = tuple[tuple[int, int, int], ...]
+"""(partition, ledger, entry) of each partition a watermark comes from (`Watermark.computed_at`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +26,8 @@ class Delivery:
     producer: str
     event_time: int
     at: float
+    position: tuple[int, int, int] | None = None
+    """(partition, ledger, entry) of the message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +35,15 @@ class WatermarkSeen:
     """A watermark handed to a listener."""
 
     event_time: int
+    at: float
+    computed_at: Positions = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkWithdrawn:
+    """The consumer took the listener's watermark away (its subscription moved back to where it has none,
+    or it gave up waiting for the recomputed one)."""
+
     at: float
 
 
@@ -41,7 +56,7 @@ class InstanceLog:
     started: float
     epoch: int
     """How many seeks of its subscription happened before it started."""
-    events: list[Delivery | WatermarkSeen] = field(default_factory=list)
+    events: list[Delivery | WatermarkSeen | WatermarkWithdrawn] = field(default_factory=list)
     acknowledged: set[str] = field(default_factory=set)
     closed: float | None = None
 
@@ -59,13 +74,21 @@ class Violation:
         return f"[{self.check}] {self.subscription}: {self.detail}"
 
 
+def moved_back(before: WatermarkSeen, after: WatermarkSeen) -> bool:
+    """Whether `after` was computed at an earlier position than `before` on some partition: a move back."""
+    earlier = {p: (ledger, entry) for p, ledger, entry in before.computed_at}
+    return any(p in earlier and (ledger, entry) < earlier[p] for p, ledger, entry in after.computed_at)
+
+
 def check_premature(log: InstanceLog, honest: set[str]) -> list[Violation]:
-    """No message of an honest producer is handed over after a watermark above its event time."""
+    """No message of an honest producer is handed over below the watermark its listener held then."""
     found: list[Violation] = []
     current: int | None = None
     for event in log.events:
         if isinstance(event, WatermarkSeen):
-            current = event.event_time if current is None else max(current, event.event_time)
+            current = event.event_time
+        elif isinstance(event, WatermarkWithdrawn):
+            current = None
         elif current is not None and event.producer in honest and event.event_time < current:
             found.append(Violation(
                 "premature-watermark", log.subscription,
@@ -74,18 +97,51 @@ def check_premature(log: InstanceLog, honest: set[str]) -> list[Violation]:
     return found
 
 
-def check_monotonic(log: InstanceLog) -> list[Violation]:
-    """Within one instance the watermark never goes back."""
+def check_stale(log: InstanceLog) -> list[Violation]:
+    """No message is handed over under a watermark computed at or after its own position (the consumer's rule)."""
     found: list[Violation] = []
-    values = [w.event_time for w in log.watermarks()]
-    for before, after in itertools.pairwise(values):
-        if after < before:
-            found.append(Violation("watermark-went-back", log.subscription, f"{log.name}: {before} -> {after}"))
+    held: dict[int, tuple[int, int]] = {}
+    for event in log.events:
+        if isinstance(event, WatermarkSeen):
+            held = {p: (ledger, entry) for p, ledger, entry in event.computed_at}
+        elif isinstance(event, WatermarkWithdrawn):
+            held = {}
+        elif event.position is not None and event.position[0] in held:
+            partition, ledger, entry = event.position
+            if (ledger, entry) <= held[partition]:
+                found.append(Violation(
+                    "stale-watermark", log.subscription,
+                    f"{log.name} got {event.payload} at {(ledger, entry)} under a watermark computed at "
+                    f"{held[partition]}",
+                ))  # fmt: skip
     return found
 
 
+def check_monotonic(log: InstanceLog) -> list[Violation]:
+    """Within one instance the watermark goes back only to one computed at an earlier position (a move back)."""
+    found: list[Violation] = []
+    for before, after in itertools.pairwise(log.watermarks()):
+        if after.event_time < before.event_time and not moved_back(before, after):
+            found.append(Violation(
+                "watermark-went-back", log.subscription, f"{log.name}: {before.event_time} -> {after.event_time}"
+            ))  # fmt: skip
+    return found
+
+
+def check_withdrawn(log: InstanceLog) -> list[Violation]:
+    """In these scenarios every position a subscription can move back to has a watermark (producers
+    assert before they send), so a watermark taken away means the consumer gave up waiting for the
+    generator's recomputed one."""
+    withdrawals = [e for e in log.events if isinstance(e, WatermarkWithdrawn)]
+    if not withdrawals:
+        return []
+    detail = f"{log.name}: taken away {len(withdrawals)} times, first at {withdrawals[0].at:.1f}"
+    return [Violation("watermark-withdrawn", log.subscription, detail)]
+
+
 def check_across_instances(logs: Iterable[InstanceLog]) -> list[Violation]:
-    """A later instance of a subscription, with no seek in between, never starts below what an earlier one saw."""
+    """A later instance of a subscription never starts below what an earlier one saw, unless a seek of
+    closed consumers lies between them or its first watermark was computed at an earlier position."""
     found: list[Violation] = []
     ordered = sorted(logs, key=lambda log: log.started)
     for later in ordered:
@@ -95,11 +151,15 @@ def check_across_instances(logs: Iterable[InstanceLog]) -> list[Violation]:
         for earlier in ordered:
             if earlier is later or earlier.epoch != later.epoch:
                 continue
-            seen_before = [w.event_time for w in earlier.watermarks() if w.at < later.started]
-            if seen_before and first[0].event_time < max(seen_before):
+            above = [
+                w for w in earlier.watermarks()
+                if w.at < later.started and first[0].event_time < w.event_time and not moved_back(w, first[0])
+            ]  # fmt: skip
+            if above:
+                highest = max(w.event_time for w in above)
                 found.append(Violation(
                     "watermark-went-back", later.subscription,
-                    f"{later.name} started at {first[0].event_time} after {earlier.name} had seen {max(seen_before)}",
+                    f"{later.name} started at {first[0].event_time} after {earlier.name} had seen {highest}",
                 ))  # fmt: skip
     return found
 
@@ -134,5 +194,7 @@ def check_subscription(
     found += check_across_instances(logs)
     for log in logs:
         found += check_premature(log, honest)
+        found += check_stale(log)
         found += check_monotonic(log)
+        found += check_withdrawn(log)
     return found

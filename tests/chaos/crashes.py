@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from tests.chaos.checker import Delivery, InstanceLog, WatermarkSeen
+from tests.chaos.checker import Delivery, InstanceLog, WatermarkSeen, WatermarkWithdrawn
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def forgive_lost_acknowledgements(logs: list[InstanceLog], kill_times: Iterable[
     duplicates = lowered = 0
     forgiven = []
     for log in logs:
-        events: list[Delivery | WatermarkSeen] = []
+        events: list[Delivery | WatermarkSeen | WatermarkWithdrawn] = []
         # per kill, the watermark this instance has not reached again since (None: reached, or there was none)
         climbing = {kill: highest_before[(kill, log.epoch)] for kill in kills}
         for event in log.events:
@@ -61,7 +61,7 @@ def forgive_lost_acknowledgements(logs: list[InstanceLog], kill_times: Iterable[
                 if any(event.payload in acked_before[kill] for kill in after):
                     duplicates += 1
                     continue
-            else:
+            elif isinstance(event, WatermarkSeen):
                 below = False
                 for kill in after:
                     high = climbing[kill]

@@ -15,9 +15,23 @@ class FaultKind(StrEnum):
     KILL_GENERATOR = "kill -9 generator"
     CRASH_CONSUMER = "crash consumer"
     SEEK_BACK = "seek subscription back"
+    SEEK_ATTACHED_BY_ID = "seek by the consumer while attached, by message id"
+    SEEK_ATTACHED_BY_TIME = "seek by the consumer while attached, by publish time"
+    RESET_CURSOR_ATTACHED = "admin reset-cursor while consumers are attached"
     RESTART_BROKER = "restart broker"
     KILL_BROKER = "kill -9 broker"
     CUT_GENERATOR = "cut generator off"
+
+
+SUBSCRIPTION_FAULTS = frozenset(
+    {
+        FaultKind.SEEK_BACK,
+        FaultKind.SEEK_ATTACHED_BY_ID,
+        FaultKind.SEEK_ATTACHED_BY_TIME,
+        FaultKind.RESET_CURSOR_ATTACHED,
+    }
+)
+"""Faults whose target is a subscription (the others': a consumer slot, or none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,8 +40,8 @@ class Fault:
     """Seconds after the producers start; faults run one after another, never overlapping."""
     kind: FaultKind
     target: int
-    """Which subscription (seek) or consumer slot (crash); for a cut, 1 if the connections are reset when it
-    heals (0: they survive it); unused otherwise."""
+    """Which subscription (seeks, resets) or consumer slot (crash); for a cut, 1 if the connections are reset
+    when it heals (0: they survive it); unused otherwise."""
     down_s: float
     """How long the killed or crashed part stays away before it comes back."""
 
@@ -112,6 +126,7 @@ def plan_scenario(
     )
     slots = sum(sub.consumers for sub in subscriptions)
     kinds = [FaultKind.KILL_GENERATOR] * 3 + [FaultKind.CRASH_CONSUMER] * 4 + [FaultKind.SEEK_BACK]
+    kinds += [FaultKind.SEEK_ATTACHED_BY_ID, FaultKind.SEEK_ATTACHED_BY_TIME, FaultKind.RESET_CURSOR_ATTACHED]
     chosen = [rng.choice(kinds) for _ in range(rng.randint(min_faults, max_faults))]
     if broker_restarts and rng.random() < restart_share:
         chosen[rng.randrange(len(chosen))] = FaultKind.RESTART_BROKER
@@ -120,7 +135,7 @@ def plan_scenario(
         Fault(
             at_s=round(at, 2),
             kind=kind,
-            target=rng.randrange(len(subscriptions)) if kind is FaultKind.SEEK_BACK else rng.randrange(slots),
+            target=rng.randrange(len(subscriptions)) if kind in SUBSCRIPTION_FAULTS else rng.randrange(slots),
             down_s=round(rng.uniform(0.0, 0.8), 2),
         )
         for at, kind in zip(times, chosen, strict=True)

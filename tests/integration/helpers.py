@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import msgpack
 import pulsar
@@ -56,9 +57,72 @@ class Recorder(WatermarkListener):
             self.events.append(("wm", watermark.event_time))
             self.threads.add(threading.current_thread().name)
 
+    def watermark_withdrawn(self, consumer: WatermarkConsumer) -> None:
+        with self.lock:
+            self.events.append(("withdrawn", None))
+            self.threads.add(threading.current_thread().name)
+
     def messages(self) -> list[object]:
         with self.lock:
             return [value for kind, value in self.events if kind == "msg"]
+
+
+@dataclass(frozen=True)
+class HandedOver:
+    """A message as a listener got it, with the watermark the listener held at that moment."""
+
+    payload: bytes
+    event_time: int
+    publish_time: int
+    position: tuple[int, int, int, int]
+    """(partition, ledger, entry, batch index)."""
+    held: Watermark | None
+
+
+class Timeline(WatermarkListener):
+    """Records every message with the watermark held when it was handed over, and every watermark change."""
+
+    def __init__(self, ack: bool = True) -> None:
+        self.ack = ack
+        self.lock = threading.Lock()
+        self.held: Watermark | None = None
+        self.messages: list[HandedOver] = []
+        self.watermarks: list[Watermark | None] = []
+        """Every watermark handed over, None for a withdrawal, in order."""
+
+    def received(self, consumer: WatermarkConsumer, message: pulsar.Message) -> None:
+        msg_id = message.message_id()
+        position = (msg_id.partition(), msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+        with self.lock:
+            self.messages.append(
+                HandedOver(message.data(), message.event_timestamp(), message.publish_timestamp(), position, self.held)
+            )
+        if self.ack:
+            consumer.acknowledge(message)
+
+    def received_watermark(self, consumer: WatermarkConsumer, watermark: Watermark) -> None:
+        with self.lock:
+            self.held = watermark
+            self.watermarks.append(watermark)
+
+    def watermark_withdrawn(self, consumer: WatermarkConsumer) -> None:
+        with self.lock:
+            self.held = None
+            self.watermarks.append(None)
+
+    def count(self, payload: bytes) -> int:
+        with self.lock:
+            return sum(m.payload == payload for m in self.messages)
+
+    def values(self) -> list[int | None]:
+        with self.lock:
+            return [None if w is None else w.event_time for w in self.watermarks]
+
+    def assert_never_below_the_held_watermark(self) -> None:
+        """The contract, as a listener sees it: no message handed over below the watermark it held then."""
+        with self.lock:
+            below = [m for m in self.messages if m.held is not None and m.event_time < m.held.event_time]
+        assert not below, f"{len(below)} messages handed over below the watermark held then, e.g. {below[:3]}"
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float = 15.0, what: str = "condition") -> None:

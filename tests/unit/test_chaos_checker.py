@@ -6,18 +6,23 @@ from tests.chaos.checker import (
     Delivery,
     InstanceLog,
     WatermarkSeen,
+    WatermarkWithdrawn,
     check_across_instances,
     check_final,
     check_monotonic,
     check_nothing_lost,
     check_premature,
+    check_stale,
     check_subscription,
+    check_withdrawn,
 )
 from tests.chaos.crashes import forgive_lost_acknowledgements
-from tests.chaos.plan import CUT_S, FaultKind, plan_scenario
+from tests.chaos.plan import CUT_S, SUBSCRIPTION_FAULTS, FaultKind, plan_scenario
+
+Event = Delivery | WatermarkSeen | WatermarkWithdrawn
 
 
-def instance(name: str, events: list[Delivery | WatermarkSeen], started: float = 0.0, epoch: int = 0) -> InstanceLog:
+def instance(name: str, events: list[Event], started: float = 0.0, epoch: int = 0) -> InstanceLog:
     log = InstanceLog("sub", name, started, epoch, list(events))
     log.acknowledged = {e.payload for e in events if isinstance(e, Delivery)}
     return log
@@ -139,3 +144,42 @@ def test_after_a_broker_kill_an_unacknowledged_message_below_the_watermark_is_st
     log.acknowledged = {"p1:1", "p1:2"}
     found = check_subscription("sub", forgive_lost_acknowledgements([log], [5.0]).logs, ["p1:1", "p1:2"], {"p1"})
     assert sorted(v.check for v in found) == ["premature-watermark", "watermark-went-back"]
+
+
+def test_a_message_is_checked_against_the_watermark_held_then_which_may_have_gone_back() -> None:
+    """Seeks with consumers attached: after a move back, the lower watermark is the one that counts."""
+    log = instance("c1", [
+        WatermarkSeen(100, 1.0, ((-1, 5, 10),)), WatermarkSeen(40, 2.0, ((-1, 5, 3),)), Delivery("a", "p0", 50, 3.0),
+    ])  # fmt: skip
+    assert check_premature(log, honest={"p0"}) == []
+    assert check_monotonic(log) == [], "computed at an earlier position: a move back"
+    stale = instance("c2", [WatermarkSeen(100, 1.0, ((-1, 5, 10),)), Delivery("b", "p0", 50, 2.0)])
+    assert [v.check for v in check_premature(stale, honest={"p0"})] == ["premature-watermark"]
+
+
+def test_a_watermark_that_goes_back_without_moving_back_is_found_and_withdrawals_are_findings() -> None:
+    log = instance("c1", [WatermarkSeen(100, 1.0, ((-1, 5, 10),)), WatermarkSeen(90, 2.0, ((-1, 5, 12),))])
+    assert [v.detail for v in check_monotonic(log)] == ["c1: 100 -> 90"]
+    withdrawn = instance("c2", [WatermarkSeen(100, 1.0), WatermarkWithdrawn(2.0), Delivery("a", "p0", 5, 3.0)])
+    assert check_premature(withdrawn, honest={"p0"}) == [], "no watermark held"
+    assert [v.check for v in check_withdrawn(withdrawn)] == ["watermark-withdrawn"]
+
+
+def test_a_message_at_or_before_the_held_watermarks_position_is_stale() -> None:
+    log = instance("c1", [
+        WatermarkSeen(100, 1.0, ((-1, 5, 10),)), Delivery("a", "p0", 500, 2.0, (-1, 5, 11)),
+        Delivery("b", "p0", 500, 3.0, (-1, 5, 10)), Delivery("c", "p0", 500, 4.0, (0, 5, 3)),
+    ])  # fmt: skip
+    assert [v.detail.split()[2] for v in check_stale(log)] == ["b"]
+
+
+def test_an_instance_started_after_a_move_back_may_start_lower() -> None:
+    earlier = instance("c1", [WatermarkSeen(100, 1.0, ((-1, 5, 10),))], started=0.0)
+    later = instance("c2", [WatermarkSeen(80, 5.0, ((-1, 5, 4),))], started=4.0)
+    assert check_across_instances([earlier, later]) == []
+
+
+def test_seeks_and_resets_with_consumers_attached_target_a_subscription() -> None:
+    faults = [f for seed in range(300) for f in plan_scenario(seed).faults if f.kind in SUBSCRIPTION_FAULTS]
+    assert {f.kind for f in faults} == SUBSCRIPTION_FAULTS
+    assert all(f.target in (0, 1) for f in faults)

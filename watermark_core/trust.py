@@ -1,0 +1,369 @@
+"""The consumer's trust rule: which watermark may stand over which message (pure: no I/O, no clock).
+
+Every SendWatermark event names the mark-delete position (ledger, entry) it was computed at. Its
+watermark holds for every message *after* that position and says nothing about a message at or
+before it: that message was acknowledged when the event was computed, so if it arrives again the
+subscription moved back (a seek, an admin reset-cursor) and the watermark must be recomputed.
+Positions are compared per entry: a mark-delete position covers whole entries, every batch index
+of an entry at or before it included.
+
+Per partition, `WatermarkTrust` keeps the event the partition's watermark comes from (`held`) and,
+while it distrusts that event, the earliest entry it must protect (`floor`):
+
+- **distrust**: a message at or before the held event's position, or an event at or after a message
+  received and not yet acknowledged, starts distrust; the floor is that message's entry, and later
+  messages can only lower it;
+- **trust again**: while distrusting, only an event computed before the floor (and before every
+  message still unacknowledged) is accepted, and that ends the distrust; the latest event is
+  reconsidered whenever the floor or the unacknowledged messages move, so an event that came
+  before the message it had to precede is not lost; `drain_regained` tells the caller;
+- **held acknowledgements**: while distrusting, the caller holds back acknowledgements at or before
+  the floor, so the subscription's mark-delete position stays before it and the generator is sure
+  to see the backward move and to publish a watermark computed before the floor;
+- **seeks**: `on_seek` distrusts at once, with the seek's target as a provisional floor that the
+  first message after it replaces (a seek into a deleted ledger lands later than its target; a
+  seek by publish time has no known target and takes the held event's position); a seek forward
+  of the held event's position, known from its target or from that first message, changes
+  nothing: a watermark computed before it holds for everything after it (but a later event the
+  first message contradicts distrusts from that message, as in `on_event`);
+- **entries the Pulsar client drops**: after `seek(message_id)` the Pulsar client (C++, 3.x) keeps
+  the target as its start message id and silently drops, for as long as the consumer lives, every
+  later delivery of a non-batched entry of the target's ledger up to the target (the target itself
+  included unless `start_message_id_inclusive`), without acknowledging it. When the subscription
+  moves back over the target again (an operator's reset-cursor, another consumer's seek) those
+  entries are delivered, dropped and never acknowledged: the mark-delete position, and the
+  watermark, would stay before them for good. `on_seek(..., filters_through=...)` records that
+  entry; an event computed before it (the generator saw the subscription before it) names the
+  entries of the ledger after the event's position up to it, and `drain_skipped` hands them to the
+  caller to acknowledge (through `on_acknowledged`, so that held acknowledgements stay held); an
+  entry received since (the client did not drop it) is never among them, and a message received
+  in that ledger at or before it shows the client does not filter any more;
+- **giving up**: `give_up` (the caller's time limit) withdraws the partition's watermark and
+  accepts the next event that no unacknowledged message contradicts; callers log it. After a
+  seek that delivered nothing at all it trusts the held and latest events again instead.
+
+Partitioned topics: a consumer's watermark is the minimum over partitions. `watermark()` is the
+strict view (None while any partition has none or is distrusted); `listener_watermark()` is what a
+listener may hold: a distrusted partition keeps its old value there because its messages are not
+handed over until it is trusted again, and a partition without any event yet (added to the topic
+later) holds the listener's watermark where it is rather than taking it away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from watermark_core.protocol import Position, Watermark
+
+Entry = tuple[int, int]
+"""(ledger_id, entry_id) inside one partition: the granularity of a mark-delete position."""
+
+BEFORE_ALL: Entry = (-1, -1)
+"""Before every entry of a partition: the provisional floor of a seek whose target is unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class Computed:
+    """A SendWatermark event as the trust rule sees it: where it was computed, and its watermark."""
+
+    position: Entry
+    event_time: int | None
+    """None: the subscription's state at `position` has no watermark (e.g. before any W_SET)."""
+
+
+WITHDRAWN = Computed(BEFORE_ALL, None)
+"""What a partition holds after `give_up`: no watermark, contradicted by no message."""
+
+
+class Outcome(Enum):
+    """What `on_event` did with an event."""
+
+    IGNORED = "ignored"
+    """Distrusting, and the event was computed at or after the floor: it may be stale."""
+    ACCEPTED = "accepted"
+    """The partition's watermark now comes from this event."""
+    REGAINED = "regained"
+    """Accepted, and it ended a distrust: the caller releases the acknowledgements it held."""
+    DISTRUSTED = "distrusted"
+    """Not accepted: it was computed at or after a message still unacknowledged, so it is stale."""
+
+
+@dataclass(slots=True)
+class PartitionTrust:
+    """One partition's trust state (see the module docstring)."""
+
+    held: Computed | None = None
+    """The event the partition's watermark comes from; None before the first one."""
+    latest: Computed | None = None
+    """The latest event read, accepted or not: reconsidered when what it must be before moves."""
+    floor: Entry | None = None
+    """While distrusting, the earliest entry to protect; None while trusting."""
+    provisional: bool = False
+    """The floor is a seek's target: the first message after the seek replaces it."""
+    outstanding: set[Position] = field(default_factory=set)
+    """Messages received and not acknowledged: no accepted event may be computed at or after them."""
+    filtered_through: Entry | None = None
+    """After a seek by message id: the Pulsar client drops every later delivery of an entry of this
+    entry's ledger up to it, unacknowledged (see the module docstring); None: it drops nothing."""
+
+    @property
+    def distrusting(self) -> bool:
+        return self.floor is not None
+
+    def lowest_outstanding(self) -> Entry | None:
+        return min((position[:2] for position in self.outstanding), default=None)
+
+    def accepts(self, position: Entry) -> bool:
+        """Whether an event computed at `position` is before everything this partition protects."""
+        low = self.lowest_outstanding()
+        if self.floor is not None and position >= self.floor:
+            return False
+        return low is None or position < low
+
+
+class WatermarkTrust:
+    """The trust rule over the partitions one consumer reads (see the module docstring).
+
+    Partitions are named by index (-1 for a non-partitioned topic); events and messages of a
+    partition it does not know are the caller's to add first (`add_partition`).
+    """
+
+    def __init__(self, partitions: Iterable[int] = ()) -> None:
+        self._partitions: dict[int, PartitionTrust] = {p: PartitionTrust() for p in partitions}
+        self._regained: set[int] = set()
+        self._skipped: list[tuple[int, Entry]] = []
+
+    # -- partitions ---------------------------------------------------------------------------------
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted(self._partitions)
+
+    def add_partition(self, partition: int) -> bool:
+        """Follow one more partition (added to the topic later); True if it is new."""
+        if partition in self._partitions:
+            return False
+        self._partitions[partition] = PartitionTrust()
+        return True
+
+    def state(self, partition: int) -> PartitionTrust:
+        """The partition's state, to read (tests and logs); KeyError for one not followed."""
+        return self._partitions[partition]
+
+    # -- inputs -------------------------------------------------------------------------------------
+
+    def on_event(self, partition: int, position: Entry, event_time: int | None) -> Outcome:
+        """A SendWatermark event for the partition, computed at mark-delete `position`."""
+        state = self._partitions[partition]
+        event = Computed((int(position[0]), int(position[1])), event_time)
+        state.latest = event
+        self._note_skipped(partition, event.position)
+        if state.floor is not None:
+            return Outcome.REGAINED if self._reconsider(partition) else Outcome.IGNORED
+        low = state.lowest_outstanding()
+        if low is not None and event.position >= low:
+            state.floor, state.provisional = low, False
+            return Outcome.DISTRUSTED
+        state.held = event
+        return Outcome.ACCEPTED
+
+    def on_message(self, partition: int, position: Position) -> None:
+        """A message (data or marker) was received at `position`, before it is handed to anyone."""
+        state = self._partitions[partition]
+        state.outstanding.add(position)
+        entry = position[:2]
+        through = state.filtered_through
+        if through is not None and entry[0] == through[0] and entry <= through:
+            state.filtered_through = None  # delivered: the client does not drop these entries (any more)
+        if state.floor is not None and state.provisional:
+            # The first message after a seek: where delivery really starts. After the held event's
+            # position, the seek went forward of it and the held watermark holds again.
+            state.floor, state.provisional = entry, False
+            if state.held is not None and entry > state.held.position:
+                state.floor = None
+                self._regained.add(partition)
+                if not self._take_latest(partition) and state.latest is not None and state.latest is not state.held:
+                    # The latest event was refused for this very message: it was computed at or after
+                    # it, before the seek moved back over it. Distrust from here, as `on_event` does,
+                    # so the acknowledgement is held and the generator sees the move back; otherwise
+                    # nothing would ever reconsider that event, and the generator, which published
+                    # it already, publishes nothing new: the held watermark would stay for good.
+                    state.floor = entry
+                    self._regained.discard(partition)
+            else:
+                self._reconsider(partition)  # an event that came before this message may be before it
+        elif state.floor is not None:
+            state.floor = min(state.floor, entry)
+        elif state.held is not None and entry <= state.held.position:
+            state.floor = entry
+
+    def on_acknowledged(self, partition: int, position: Position) -> bool:
+        """The application acknowledges one message; True: hold the acknowledgement back for now."""
+        state = self._partitions[partition]
+        state.outstanding.discard(position)
+        hold = state.floor is not None and position[:2] <= state.floor
+        self._reconsider(partition)
+        return hold
+
+    def on_acknowledged_through(self, partition: int, position: Position) -> bool:
+        """A cumulative acknowledgement up to `position`; True: hold it back for now (it covers the floor)."""
+        state = self._partitions[partition]
+        state.outstanding = {p for p in state.outstanding if p > position}
+        hold = state.floor is not None and state.floor <= position[:2]
+        self._reconsider(partition)
+        return hold
+
+    def on_seek(
+        self, partitions: Iterable[int], target: Entry | None, *, filters_through: Entry | None = None
+    ) -> None:
+        """The consumer seeks these partitions; `target` None when unknown (by publish time).
+
+        `filters_through`: the last entry of the target's ledger that the Pulsar client will drop
+        from now on whenever it comes again (a seek by a real message id; see the module
+        docstring); None: the client drops nothing after this seek.
+
+        An unknown target is taken as the held event's position: an event computed before it can
+        only come from a move back, and the first message after the seek tells which way it went.
+
+        What the partitions received before the seek is forgotten: delivery starts again from the
+        target, and what comes again is received again.
+        """
+        through = None if filters_through is None else (int(filters_through[0]), int(filters_through[1]))
+        for partition in partitions:
+            state = self._partitions[partition]
+            state.outstanding = set()
+            state.filtered_through = through
+            if state.held is None:
+                continue  # nothing to distrust; a stale event still meets the messages that come again
+            if target is None:
+                target = state.held.position  # by publish time: back of the held event, or forward
+            if target > state.held.position:
+                # Forward: the held watermark was computed before everything from the target on,
+                # and what came before the target is not delivered any more.
+                if state.floor is not None:
+                    state.floor, state.provisional = None, False
+                    self._regained.add(partition)
+                self._take_latest(partition)  # refused for a message the seek skipped, maybe
+                continue
+            state.floor, state.provisional = target, True
+
+    def give_up(self, partition: int) -> None:
+        """Stop waiting for a watermark computed before the floor: none, then the next event as it comes.
+
+        If nothing arrived since a seek (it went to the end, or forward by publish time on a quiet
+        topic), nothing contradicts the held watermark, and the partition trusts it again instead.
+
+        For when the generator does not publish one in time (it is down, or it missed the backward
+        move, or another consumer acknowledged a redelivered copy of a message this one holds).
+        Messages still unacknowledged keep protecting themselves: an event computed at or after one
+        of them is still refused.
+        """
+        state = self._partitions[partition]
+        if state.provisional:
+            state.floor, state.provisional = None, False
+            self._take_latest(partition)
+            return
+        state.held, state.latest = WITHDRAWN, None
+        state.floor, state.provisional = None, False
+
+    def _note_skipped(self, partition: int, computed_at: Entry) -> None:
+        """An event computed at `computed_at`: if that is before what the client drops, those entries after it
+        will never be acknowledged by anyone but us (unless this consumer received one since)."""
+        state = self._partitions[partition]
+        through = state.filtered_through
+        if through is None or computed_at >= through:
+            return
+        first = computed_at[1] + 1 if computed_at[0] == through[0] else 0
+        received = {position[:2] for position in state.outstanding}
+        self._skipped += [
+            (partition, (through[0], entry)) for entry in range(max(first, 0), through[1] + 1)
+            if (through[0], entry) not in received
+        ]  # fmt: skip
+
+    def _reconsider(self, partition: int) -> bool:
+        """While distrusting: take the latest event if it is before everything the partition protects now."""
+        return self._partitions[partition].floor is not None and self._take_latest(partition)
+
+    def _take_latest(self, partition: int) -> bool:
+        """Take the latest event if it is not the held one and nothing the partition protects contradicts it.
+
+        By identity: the generator republishes an unchanged value after a move back, and that event,
+        equal to the held one, is the evidence a distrusted partition waits for.
+        """
+        state = self._partitions[partition]
+        if state.latest is None or state.latest is state.held or not state.accepts(state.latest.position):
+            return False
+        state.held, state.floor, state.provisional = state.latest, None, False
+        self._regained.add(partition)
+        return True
+
+    # -- outputs ------------------------------------------------------------------------------------
+
+    def drain_skipped(self) -> list[tuple[int, Entry]]:
+        """(partition, entry) the Pulsar client drops and the subscription moved back over since the last
+        call: the caller acknowledges them (each through `on_acknowledged`, which may hold it back)."""
+        skipped, self._skipped = self._skipped, []
+        return skipped
+
+    def drain_regained(self) -> list[int]:
+        """Partitions trusted again since the last call: their held acknowledgements may go now."""
+        regained, self._regained = sorted(self._regained), set()
+        return regained
+
+    # -- views --------------------------------------------------------------------------------------
+
+    def distrusting(self, partition: int) -> bool:
+        state = self._partitions.get(partition)
+        return state is not None and state.distrusting
+
+    def distrusting_partitions(self) -> list[int]:
+        return sorted(p for p, state in self._partitions.items() if state.distrusting)
+
+    def may_hand_over(self, partition: int) -> bool:
+        """Whether a received message of the partition may be handed to the application now."""
+        state = self._partitions.get(partition)
+        return state is None or not state.distrusting
+
+    def watermark(self) -> Watermark | None:
+        """The consumer's watermark, strictly: None while any partition has none or is distrusted."""
+        parts: list[tuple[int, int, Entry]] = []
+        for partition, state in sorted(self._partitions.items()):
+            if state.floor is not None or state.held is None or state.held.event_time is None:
+                return None
+            parts.append((state.held.event_time, partition, state.held.position))
+        return _combined(parts)
+
+    def listener_watermark(self, delivered: Watermark | None) -> Watermark | None:
+        """What a listener that holds `delivered` may hold from now on (`delivered` itself: no change).
+
+        A distrusted partition counts with its old value (its messages wait); a partition whose
+        state has no watermark takes the watermark away; a partition without any event yet keeps
+        `delivered` where it is, or lower if another partition moved back below it.
+        """
+        parts: list[tuple[int, int, Entry]] = []
+        unknown = False
+        for partition, state in sorted(self._partitions.items()):
+            if state.held is None:
+                unknown = True
+            elif state.held.event_time is None:
+                return None
+            else:
+                parts.append((state.held.event_time, partition, state.held.position))
+        combined = _combined(parts)
+        if not unknown:
+            return combined
+        if delivered is None or combined is None or combined.event_time >= delivered.event_time:
+            return delivered
+        return combined
+
+
+def _combined(parts: list[tuple[int, int, Entry]]) -> Watermark | None:
+    """The minimum over partitions, naming where each partition's value was computed."""
+    if not parts:
+        return None
+    return Watermark(
+        min(value for value, _, _ in parts),
+        computed_at=tuple((partition, position[0], position[1]) for _, partition, position in parts),
+    )
