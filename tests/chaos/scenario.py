@@ -135,6 +135,8 @@ def create_topic_once(admin: PulsarAdmin, topic: str) -> None:
 
 MOVE_SPACING_S = 1.0
 """The least time between two moves of one subscription with its consumers attached (see `move_back_attached`)."""
+ACKNOWLEDGED_WAIT_S = 15.0
+"""How long a move back waits for the subscription to have acknowledged something to move back over."""
 
 
 class ChaosListener(WatermarkListener):
@@ -447,13 +449,24 @@ class Scenario:
         return True
 
     def acknowledged_candidates(self, index: int) -> list[tuple[str, pulsar.MessageId]]:
-        """Messages of the subscription acknowledged and behind its mark-delete position: where to move back to."""
+        """Messages of the subscription acknowledged and behind its mark-delete position: where to move back to.
+
+        Waits up to `ACKNOWLEDGED_WAIT_S` for one: a move drawn early in a scenario, before the consumers
+        acknowledged anything, would otherwise be skipped for a reason of timing alone.
+        """
         sub = self.plan.subscriptions[index]
-        mark_delete = retried(lambda: self.cluster.admin.mark_delete_position(self.topic, sub.name), "reading stats")
-        return sorted(
-            (payload, msg_id) for payload, msg_id in list(self.ids[index].items())
-            if (msg_id.ledger_id(), msg_id.entry_id()) <= mark_delete
-        )  # fmt: skip
+        deadline = time.monotonic() + ACKNOWLEDGED_WAIT_S
+        while True:
+            mark_delete = retried(
+                lambda: self.cluster.admin.mark_delete_position(self.topic, sub.name), "reading stats"
+            )
+            candidates = sorted(
+                (payload, msg_id) for payload, msg_id in list(self.ids[index].items())
+                if (msg_id.ledger_id(), msg_id.entry_id()) <= mark_delete
+            )  # fmt: skip
+            if candidates or time.monotonic() >= deadline:
+                return candidates
+            time.sleep(0.5)
 
     def move_back_attached(self, kind: FaultKind, index: int) -> bool:
         """Move a subscription back while its consumers stay attached: one of them seeks (by message id
