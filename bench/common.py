@@ -12,6 +12,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
 from devtools.local_cluster import LocalCluster, free_port
 from pulsar_access.settings import PulsarSettings
 
@@ -104,3 +107,15 @@ def render(data: dict[str, object]) -> None:
             continue
         lines.append(f"| `{key}` | {value} | {GOALS.get(key, '')} | {data.get(key + '_how', '')} |")
     (DOCS / "BENCHMARKS.md").write_text("\n".join(lines) + "\n")
+
+
+def metric_samples(port: int, name: str, **labels: str) -> list[float]:
+    """The values of a generator's metric `name` (a sample name, e.g. `wm_admin_calls_total`) on its
+    /metrics at `port`, one per label set that has `labels`."""
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    ]

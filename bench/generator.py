@@ -15,7 +15,7 @@ from pathlib import Path
 import pulsar
 import requests
 
-from bench.common import say
+from bench.common import metric_samples, say
 from broker_ext.config import GeneratorConfig
 from broker_ext.service import GeneratorService
 from consumer.watermark_feed import WatermarkFeed
@@ -57,16 +57,13 @@ class Generator:
     def subscriptions_published(self) -> int:
         """How many (partition, subscription) pairs this process has published a watermark for (its /metrics)."""
         try:
-            text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+            return len(metric_samples(self.metrics_port, "wm_watermarks_published_total"))
         except requests.RequestException:
             return 0
-        return sum(1 for line in text.splitlines() if line.startswith("wm_watermarks_published_total{"))
 
     def admin_calls(self) -> float:
         """The admin calls this process made to follow cursors (its wm_admin_calls counters, every call kind)."""
-        text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
-        lines = [line for line in text.splitlines() if line.startswith("wm_admin_calls_total{")]
-        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+        return sum(metric_samples(self.metrics_port, "wm_admin_calls_total"))
 
     def wait_published(self, pairs: int, within_s: float) -> float:
         """Seconds until a watermark was published for `pairs` (partition, subscription) pairs: the take-over done."""

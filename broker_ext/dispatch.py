@@ -45,6 +45,31 @@ RETRY_S = 1.0
 
 
 @dataclass
+class LatestSent:
+    """Per partition, the latest table and head event sent: a failed send goes out again only while it is
+    still the latest of its kind (a reader needs only the newest: compaction keeps one per key anyway)."""
+
+    tables: dict[int, int] = field(default_factory=dict)
+    """Per partition, the seq of the latest table sent."""
+    heads: dict[int, HeadWatermark] = field(default_factory=dict)
+    """Per partition, the latest head event sent."""
+
+    def sending_table(self, table: PublishTable) -> None:
+        self.tables[table.events[0].partition] = table.events[0].seq
+
+    def sending_head(self, head: HeadWatermark) -> None:
+        self.heads[head.partition] = head
+
+    def resend_table(self, table: PublishTable) -> bool:
+        """Whether a table whose send failed is to be sent again: no later one of its partition was sent."""
+        return self.tables.get(table.events[0].partition) == table.events[0].seq
+
+    def resend_head(self, head: HeadWatermark) -> bool:
+        """Whether a head event whose send failed is to be sent again: no later one of its partition was sent."""
+        return self.heads.get(head.partition) is head
+
+
+@dataclass
 class Companion:
     """One companion topic: its producer once created, what waits for it, compaction bookkeeping."""
 
@@ -52,10 +77,7 @@ class Companion:
     producer: pulsar.Producer | None = None
     creating: bool = False
     waiting: list[PublishTable | HeadWatermark] = field(default_factory=list)
-    latest: dict[str, int] = field(default_factory=dict)
-    """Per partition key, the seq of the latest table sent."""
-    latest_head: dict[str, HeadWatermark] = field(default_factory=dict)
-    """Per head key, the latest head event sent."""
+    sent: LatestSent = field(default_factory=LatestSent)
     since_compaction: int = 0
     compacted_at: float = 0.0
 
@@ -183,9 +205,8 @@ class WatermarkDispatcher:
 
     def _send(self, companion: Companion, table: PublishTable) -> None:
         assert companion.producer is not None
-        first = table.events[0]
-        key = table_key(first.partition)
-        companion.latest[key] = first.seq
+        key = table_key(table.events[0].partition)
+        companion.sent.sending_table(table)
         post = self._post
 
         def sent(result: pulsar.Result, _msg_id: pulsar.MessageId) -> None:  # on a client thread
@@ -202,7 +223,7 @@ class WatermarkDispatcher:
     def _send_head(self, companion: Companion, head: HeadWatermark) -> None:
         assert companion.producer is not None
         key = head_key(head.partition)
-        companion.latest_head[key] = head
+        companion.sent.sending_head(head)
         post = self._post
 
         def sent(result: pulsar.Result, _msg_id: pulsar.MessageId) -> None:  # on a client thread
@@ -226,7 +247,7 @@ class WatermarkDispatcher:
     def _resend_head(self, companion: Companion, head: HeadWatermark) -> None:
         if self._companions.get(companion.topic) is not companion:
             return
-        if companion.latest_head.get(head_key(head.partition)) is not head:
+        if not companion.sent.resend_head(head):
             return  # a later head event of that partition went out since
         if companion.producer is None:
             self._wait_for_producer(companion, head)
@@ -255,10 +276,9 @@ class WatermarkDispatcher:
         self._maybe_compact(companion)
 
     def _resend(self, companion: Companion, table: PublishTable) -> None:
-        first = table.events[0]
         if self._companions.get(companion.topic) is not companion:
             return
-        if companion.latest.get(table_key(first.partition)) != first.seq:
+        if not companion.sent.resend_table(table):
             return  # a later table of that partition went out since
         if companion.producer is None:
             self._wait_for_producer(companion, table)

@@ -31,6 +31,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from pulsar_access.errors import checked_admin_url, checked_service_url, explained
 from pulsar_access.topics import TopicName, base_topic_and_partition, full_name, is_watermark_topic, partition_name
 from spark_sink.clients import CLIENT_OPTION_PREFIX, client_options, shared_client
 from spark_sink.offsets import NO_WATERMARK, Entry, Ledgers, PartitionKey, SourceOffset, share_limit
@@ -96,7 +97,6 @@ class SourceOptions:
     """
 
     def __init__(self, options: Any) -> None:
-        from pulsar_access.errors import checked_admin_url, checked_service_url
         from pulsar_access.settings import PulsarSettings
 
         check_option_names(options, SOURCE_OPTIONS, (CLIENT_OPTION_PREFIX,))
@@ -441,7 +441,6 @@ def _read_range(options: SourceOptions, part: TopicRange, rows: _ArrowRows) -> I
     """Executor: the data messages of one partition in (start, end], markers hidden, as record batches."""
     import pulsar
 
-    from pulsar_access.errors import explained
     from watermark_core.protocol import MARKER_PROPERTY
 
     assert part.key is not None and part.end is not None
@@ -545,7 +544,6 @@ class _DriverState:
             keys += [(topic, index) for index in range(count)] if count else [(topic, -1)]
         new = [key for key in keys if key not in self._partitions]
         if new:
-            from pulsar_access.errors import explained
 
             topics_new = sorted({topic for topic, _ in new})
             with explained(service_url=self.options.service_url, topic=topics_new[0], doing="read watermark events of"):
@@ -688,7 +686,6 @@ class _DriverState:
         """A consumer per partition that only acknowledges (and so creates the subscription)."""
         import pulsar
 
-        from pulsar_access.errors import explained
 
         if key not in self._consumers:
             initial = (

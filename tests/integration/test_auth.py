@@ -23,8 +23,8 @@ from pathlib import Path
 import msgpack
 import pulsar
 import pytest
-import requests
 
+from bench.common import metric_samples
 from broker_ext.status import latest_events
 from consumer import Watermark, WatermarkConsumer
 from consumer.watermark_feed import WatermarkFeed
@@ -378,15 +378,6 @@ def _generator_snapshot_of(client: pulsar.Client, topic: str, producer: str, eve
     return None
 
 
-def _metric(port: int, name: str, **labels: str) -> float:
-    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def test_snapshots_written_under_the_generators_name_are_skipped_when_a_generator_starts_from_them(
     auth_cluster: AuthCluster, client: pulsar.Client
 ) -> None:
@@ -446,7 +437,7 @@ def test_snapshots_written_under_the_generators_name_are_skipped_when_a_generato
     time.sleep(1.0)
     assert watermarks(recorder) == [BASE, BASE + 1_000]  # never FORGED
     assert recorder.messages() == [b"one", b"two"]
-    skipped = _metric(auth_cluster.metrics_port, "wm_malformed_markers_total", reason="bad-signature")
+    skipped = sum(metric_samples(auth_cluster.metrics_port, "wm_malformed_markers_total", reason="bad-signature"))
     assert skipped >= len(forgeries), skipped  # each skipped and counted like a malformed marker
     log = auth_cluster.generator.log_text()
     assert "skipping unusable snapshot" in log and "bad-signature" in log

@@ -1,0 +1,52 @@
+"""Which failed sends the dispatcher sends again: only the latest table or head event of a partition."""
+
+from __future__ import annotations
+
+from broker_ext.dispatch import LatestSent
+from broker_ext.engine.vocabulary import PublishTable
+from watermark_core.protocol import HeadWatermark, WatermarkEvent
+
+TOPIC = "persistent://public/default/t"
+
+
+def table(partition: int, seq: int) -> PublishTable:
+    return PublishTable((WatermarkEvent(TOPIC, partition, "sub", 1000 + seq, (1, seq), seq),))
+
+
+def head(partition: int, entry: int) -> HeadWatermark:
+    return HeadWatermark(TOPIC, partition, (1, entry), 1000 + entry)
+
+
+def test_a_failed_table_is_sent_again_while_it_is_the_latest_of_its_partition() -> None:
+    sent = LatestSent()
+    first = table(0, 1)
+    sent.sending_table(first)
+    sent.sending_table(table(1, 7))  # another partition does not supersede it
+    assert sent.resend_table(first)
+
+
+def test_a_failed_table_superseded_by_a_later_one_of_its_partition_is_dropped() -> None:
+    sent = LatestSent()
+    first, later = table(0, 1), table(0, 2)
+    sent.sending_table(first)
+    sent.sending_table(later)
+    assert not sent.resend_table(first)
+    assert sent.resend_table(later)
+
+
+def test_head_events_follow_the_same_rule_apart_from_tables() -> None:
+    sent = LatestSent()
+    first, later, other = head(0, 3), head(0, 9), head(-1, 3)
+    sent.sending_head(first)
+    sent.sending_table(table(0, 5))  # a table does not supersede a head event
+    sent.sending_head(other)
+    assert sent.resend_head(first)
+    sent.sending_head(later)
+    assert not sent.resend_head(first)
+    assert sent.resend_head(later) and sent.resend_head(other)
+
+
+def test_nothing_sent_means_nothing_to_send_again() -> None:
+    sent = LatestSent()
+    assert not sent.resend_table(table(0, 1))
+    assert not sent.resend_head(head(0, 1))
