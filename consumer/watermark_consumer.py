@@ -143,8 +143,8 @@ class WatermarkConsumer:
         partition = self._feed.partition_of(msg_id.partition())
         return partition, position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
 
-    def _observe(self, message: pulsar.Message) -> None:
-        self._feed.observe(*self._position(message))
+    def _observe(self, message: pulsar.Message, *, queued: bool = False) -> None:
+        self._feed.observe(*self._position(message), queued=queued)
 
     def _hide_marker(self, message: pulsar.Message, properties: dict[str, str]) -> None:
         """Acknowledge and drop a marker, counting (and logging once per kind) a malformed one."""
@@ -210,9 +210,10 @@ class WatermarkConsumer:
         if self._closed or "_consumer" not in self.__dict__:
             return
         try:
-            self._observe(message)
             properties = message.properties()
-            if MARKER_PROPERTY in properties:
+            is_marker = MARKER_PROPERTY in properties
+            self._observe(message, queued=not is_marker)
+            if is_marker:
                 self._hide_marker(message, properties)
             else:
                 self._queue.put(message)
@@ -237,7 +238,10 @@ class WatermarkConsumer:
                     continue
                 if not self._feed.wait_to_hand_over(self._position(item)[0], lambda: self._closed):
                     return
-                self._hand_watermark()
+                try:
+                    self._hand_watermark()
+                finally:  # after the watermark it comes under; and never left counted as queued
+                    self._feed.handed_over(*self._position(item))
                 self._note_lateness(item, self._delivered)
                 self._listener.received(self, item)
             except Exception:

@@ -144,12 +144,22 @@ class WatermarkFeed:
 
     # -- what the consumer reports -----------------------------------------------------------------
 
-    def observe(self, partition: int, position: Position) -> None:
-        """A message (data or marker) arrived at `position`, before anyone sees it."""
+    def observe(self, partition: int, position: Position, *, queued: bool = False) -> None:
+        """A message (data or marker) arrived at `position`, before anyone sees it; `queued`: it waits for
+        the listener (then `handed_over`)."""
         with self._cond:
             if partition not in self._trust.partitions:
                 self._trust.add_partition(partition)
-            self._trust.on_message(partition, position)
+            self._trust.on_message(partition, position, queued=queued)
+            released, changed = self._settle()
+        self._after(released, changed)
+
+    def handed_over(self, partition: int, position: Position) -> None:
+        """A queued message is being handed to the listener (see `WatermarkTrust.on_handed_over`)."""
+        with self._cond:
+            if partition not in self._trust.partitions:
+                return
+            self._trust.on_handed_over(partition, position)
             released, changed = self._settle()
         self._after(released, changed)
 

@@ -17,6 +17,12 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   message still unacknowledged) is accepted, and that ends the distrust; the latest event is
   reconsidered whenever the floor or the unacknowledged messages move, so an event that came
   before the message it had to precede is not lost; `drain_regained` tells the caller;
+- **queued copies**: a message received and waiting to be handed to a listener (`queued=True`)
+  holds back an event computed at or after it (`Outcome.DEFERRED`) until it has been handed over
+  (`on_handed_over`), and then the event is taken. Counted per copy: after a move back the same
+  position can be delivered again while its first copy is still with the application, and the
+  acknowledgement of that first copy (by message id, the same for both) must not free the second
+  to be handed over under a watermark computed after it (chaos seed 122113);
 - **held acknowledgements**: while distrusting, the caller holds back acknowledgements at or before
   the floor, so the subscription's mark-delete position stays before it and the generator is sure
   to see the backward move and to publish a watermark computed before the floor;
@@ -80,6 +86,9 @@ WITHDRAWN = Computed(BEFORE_ALL, None)
 class Outcome(Enum):
     """What `on_event` did with an event."""
 
+    DEFERRED = "deferred"
+    """Not taken yet: a copy of a message at or before its position waits to be handed to the listener;
+    it is taken once that copy has been handed over (`on_handed_over`)."""
     IGNORED = "ignored"
     """Distrusting, and the event was computed at or after the floor: it may be stale."""
     ACCEPTED = "accepted"
@@ -104,6 +113,9 @@ class PartitionTrust:
     """The floor is a seek's target: the first message after the seek replaces it."""
     outstanding: set[Position] = field(default_factory=set)
     """Messages received and not acknowledged: no accepted event may be computed at or after them."""
+    queued: dict[Position, int] = field(default_factory=dict)
+    """Copies of messages received and not handed to the listener yet, per position: no event computed at
+    or after one of them is taken before it has been handed over."""
     filtered_through: Entry | None = None
     """After a seek by message id: the Pulsar client drops every later delivery of an entry of this
     entry's ledger up to it, unacknowledged (see the module docstring); None: it drops nothing."""
@@ -115,12 +127,15 @@ class PartitionTrust:
     def lowest_outstanding(self) -> Entry | None:
         return min((position[:2] for position in self.outstanding), default=None)
 
+    def lowest_queued(self) -> Entry | None:
+        return min((position[:2] for position in self.queued), default=None)
+
     def accepts(self, position: Entry) -> bool:
         """Whether an event computed at `position` is before everything this partition protects."""
-        low = self.lowest_outstanding()
         if self.floor is not None and position >= self.floor:
             return False
-        return low is None or position < low
+        low, queued = self.lowest_outstanding(), self.lowest_queued()
+        return (low is None or position < low) and (queued is None or position < queued)
 
 
 class WatermarkTrust:
@@ -166,13 +181,19 @@ class WatermarkTrust:
         if low is not None and event.position >= low:
             state.floor, state.provisional = low, False
             return Outcome.DISTRUSTED
+        queued = state.lowest_queued()
+        if queued is not None and event.position >= queued:
+            return Outcome.DEFERRED  # `latest`: taken when the copies before it have been handed over
         state.held = event
         return Outcome.ACCEPTED
 
-    def on_message(self, partition: int, position: Position) -> None:
-        """A message (data or marker) was received at `position`, before it is handed to anyone."""
+    def on_message(self, partition: int, position: Position, *, queued: bool = False) -> None:
+        """A message (data or marker) was received at `position`, before it is handed to anyone;
+        `queued`: it waits to be handed to a listener (then `on_handed_over`)."""
         state = self._partitions[partition]
         state.outstanding.add(position)
+        if queued:
+            state.queued[position] = state.queued.get(position, 0) + 1
         entry = position[:2]
         through = state.filtered_through
         if through is not None and entry[0] == through[0] and entry <= through:
@@ -198,6 +219,18 @@ class WatermarkTrust:
             state.floor = min(state.floor, entry)
         elif state.held is not None and entry <= state.held.position:
             state.floor = entry
+
+    def on_handed_over(self, partition: int, position: Position) -> None:
+        """A queued copy of the message at `position` has been handed to the listener: an event held back
+        for it may be taken now."""
+        state = self._partitions[partition]
+        left = state.queued.get(position, 0) - 1
+        if left > 0:
+            state.queued[position] = left
+        else:
+            state.queued.pop(position, None)
+        if state.floor is None and state.latest is not None and state.latest is not state.held:
+            self._take_latest(partition)
 
     def on_acknowledged(self, partition: int, position: Position) -> bool:
         """The application acknowledges one message; True: hold the acknowledgement back for now."""
@@ -233,7 +266,7 @@ class WatermarkTrust:
         through = None if filters_through is None else (int(filters_through[0]), int(filters_through[1]))
         for partition in partitions:
             state = self._partitions[partition]
-            state.outstanding = set()
+            state.outstanding, state.queued = set(), {}
             state.filtered_through = through
             if state.held is None:
                 continue  # nothing to distrust; a stale event still meets the messages that come again

@@ -106,6 +106,38 @@ def test_acknowledged_messages_do_not_contradict_events() -> None:
     assert trust.on_event(-1, (L, 14), 140) is Outcome.DISTRUSTED  # 14 is still unacknowledged
 
 
+def test_a_copy_waiting_for_the_listener_holds_back_a_later_event_even_when_its_first_copy_is_acknowledged() -> None:
+    """Chaos seed 122113 (Shared, admin resets with consumers attached): message 132 was delivered, then
+    delivered again after a reset while the first copy was still with the application; the application
+    acknowledged the first copy (by message id, the same for both), and the final watermark, computed at
+    307, came while the second copy still waited in the listener's queue: it must not come first."""
+    trust = WatermarkTrust([-1])
+    trust.on_event(-1, (L, 62), 100)
+    for entry in (132, 133):
+        trust.on_message(-1, pos(entry), queued=True)
+        trust.on_handed_over(-1, pos(entry))  # the first copies are with the application
+    for entry in (132, 133):
+        trust.on_message(-1, pos(entry), queued=True)  # the reset delivers them again, to the listener's queue
+    for entry in (132, 133):
+        assert not trust.on_acknowledged(-1, pos(entry))  # the application acknowledges the first copies
+    assert trust.on_event(-1, (L, 307), 900) is Outcome.DEFERRED
+    assert trust.listener_watermark(None) == Watermark(100), "the queued copies come under the older one"
+    assert trust.may_hand_over(-1)
+    trust.on_handed_over(-1, pos(132))
+    assert trust.listener_watermark(None) == Watermark(100), "133 still waits"
+    trust.on_handed_over(-1, pos(133))
+    assert trust.listener_watermark(None) == Watermark(900)
+    assert trust.drain_regained() == [-1]
+
+
+def test_an_event_before_every_queued_copy_is_taken_at_once() -> None:
+    trust = WatermarkTrust([-1])
+    trust.on_message(-1, pos(20), queued=True)
+    assert trust.on_event(-1, (L, 19), 190) is Outcome.ACCEPTED
+    trust.on_seek([-1], (L, 30))
+    assert trust.state(-1).queued == {}, "a seek drops what waits for the listener"
+
+
 def test_a_cumulative_acknowledgement_covering_the_floor_is_held() -> None:
     trust = WatermarkTrust([-1])
     trust.on_event(-1, (L, 10), 100)
@@ -443,9 +475,10 @@ class Consumer:
             self.release(partition)
 
     def receive(self, partition: int, entry: int) -> None:
-        self.trust.on_message(partition, (L, entry, -1))
+        marker = self.logs[partition].is_marker(entry)
+        self.trust.on_message(partition, (L, entry, -1), queued=self.listener and not marker)
         self.release_regained()
-        if self.logs[partition].is_marker(entry):
+        if marker:
             self.ack(partition, entry)
         elif self.listener:
             self.queue.append((partition, entry))
@@ -488,6 +521,8 @@ class Consumer:
             return False
         self.queue.popleft()
         self.update_listener()
+        self.trust.on_handed_over(partition, (L, entry, -1))
+        self.release_regained()
         self.check(partition, entry, self.delivered)
         self.handed.append((partition, entry))
         return True
