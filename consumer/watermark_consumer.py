@@ -218,7 +218,10 @@ class WatermarkConsumer:
             else:
                 self._queue.put(message)
         except Exception:
-            log.exception("handling message %s of %s failed", message.message_id(), self.topic)
+            if self._closed:  # closed meanwhile (e.g. acknowledging a marker): the broker redelivers it
+                log.debug("message %s of %s arrived while closing", message.message_id(), self.topic, exc_info=True)
+            else:
+                log.exception("handling message %s of %s failed", message.message_id(), self.topic)
 
     def _dispatch(self) -> None:
         """The one thread that calls the listener, for messages and watermarks alike.
