@@ -41,7 +41,9 @@ def local_session(service_url: str, admin_url: str) -> Any:
     """A local[2] Spark session for this machine (demo, benchmarks, tests), with the source registered.
 
     Executors run this interpreter (`PYSPARK_PYTHON`), which has `pulsar-client` and this package,
-    and find the cluster through `PULSAR_SERVICE_URL` / `PULSAR_ADMIN_URL`.
+    and find the cluster through `PULSAR_SERVICE_URL` / `PULSAR_ADMIN_URL`. One shuffle partition:
+    each one is a state-store task per micro-batch, and with a 1 s trigger on 2 cores that fixed cost,
+    not the rows, is what delays a window's close (docs/DECISIONS.md, Spark, latency).
     """
     import os
     import sys
@@ -51,7 +53,7 @@ def local_session(service_url: str, admin_url: str) -> Any:
     os.environ.update(PYSPARK_PYTHON=sys.executable, PULSAR_SERVICE_URL=service_url, PULSAR_ADMIN_URL=admin_url)
     spark = (
         SparkSession.builder.master("local[2]")
-        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.shuffle.partitions", "1")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
