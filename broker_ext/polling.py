@@ -4,7 +4,8 @@ The engines need every subscription's mark-delete position (internal stats); rea
 every partition all the time is what made the generator's cost grow with partitions. So:
 
 - **Fast polls** follow markers. A marker read, or a cursor that moved, arms a partition's fast
-  poll: its internal stats every `poll_interval_s`, backing off by 1.5x while nothing moves, until
+  poll: its internal stats every `poll_interval_s`, backing off by 1.5x while nothing moves (to at
+  most `FAST_CAP_S` for the first `FAST_PHASE_S`), until
   no marker waits for a subscription (`engine.wants_cursors`) or the interval reaches
   `idle_poll_interval_s`; then the sweep takes over.
 - **The sweep** is a cheap change detector over the topics this instance owns, one admin call per
@@ -52,6 +53,11 @@ from watermark_core.protocol import GENERATOR_SUBSCRIPTION, INTERNAL_SUBSCRIPTIO
 log = logging.getLogger(__name__)
 
 BACKOFF = 1.5
+FAST_PHASE_S = 1.0
+"""For this long after a marker read (or a cursor move) the fast poll backs off to at most `FAST_CAP_S`:
+an acknowledgement usually follows a marker within a second, and one that comes late (a loaded
+consumer) would otherwise wait for a poll 250-380 ms later."""
+FAST_CAP_S = 0.15
 FULL_SWEEP_PERIODS = 10
 """A partitioned topic's partitions are read one by one at least every this many sweeps of it."""
 RETRY_MAX_S = 10.0
@@ -147,8 +153,19 @@ class PollState:
     """0: no fast poll; else the interval of the next one."""
     handed_over: bool = False
     """A marker still waits, but the fast poll backed off to the sweep; a marker read or a move re-arms it."""
+    armed_at: float = 0.0
+    """When a marker read or a cursor move last armed the fast poll (time.monotonic())."""
     positions: Mapping[str, tuple[int, int]] | None = None
     retry_s: float = 0.0
+
+
+def next_fast_interval(interval: float, armed_for_s: float, idle_poll_interval_s: float) -> float | None:
+    """The interval of the next fast poll after one that found nothing moved, `armed_for_s` after the
+    marker read or cursor move that armed it; None: back off to the sweep."""
+    grown = interval * BACKOFF
+    if armed_for_s < FAST_PHASE_S:
+        return min(grown, max(interval, FAST_CAP_S))
+    return grown if grown <= idle_poll_interval_s else None
 
 
 class CursorPoller:
@@ -191,6 +208,7 @@ class CursorPoller:
         if not partition.wants_cursors:
             self._stop_fast(partition)
         elif marker_read or (not state.fast_interval and not state.handed_over):
+            state.armed_at = time.monotonic()
             self._arm(partition, self.poll_interval_s)
 
     def _after_poll(self, partition: Followed, moved: bool) -> None:
@@ -199,10 +217,13 @@ class CursorPoller:
         if not partition.wants_cursors:
             self._stop_fast(partition)
         elif moved or (not state.fast_interval and not state.handed_over):
+            state.armed_at = time.monotonic()
             self._arm(partition, self.poll_interval_s)
         elif state.fast_interval:
-            interval = state.fast_interval * BACKOFF
-            if interval <= self.idle_poll_interval_s:
+            interval = next_fast_interval(
+                state.fast_interval, time.monotonic() - state.armed_at, self.idle_poll_interval_s
+            )
+            if interval is not None:
                 self._arm(partition, interval)
             else:
                 state.fast_interval, state.handed_over = 0.0, True  # the sweep takes over

@@ -12,7 +12,17 @@ import pytest
 
 from broker_ext.loop import EventLoop
 from broker_ext.ownership import consumer_name, instance_of
-from broker_ext.polling import FULL_SWEEP_PERIODS, Sweeper, cursors_polled, detected, summed_fingerprint
+from broker_ext.polling import (
+    BACKOFF,
+    FAST_CAP_S,
+    FAST_PHASE_S,
+    FULL_SWEEP_PERIODS,
+    Sweeper,
+    cursors_polled,
+    detected,
+    next_fast_interval,
+    summed_fingerprint,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -171,3 +181,26 @@ def test_a_partition_never_read_is_read_whatever_the_sums_say() -> None:
     sweeper._partitions_wanted("t", quiet, owned[:1])
     assert not sweeper._partitions_wanted("t", quiet, owned[:1])
     assert sweeper._partitions_wanted("t", quiet, owned)  # partition 1 was just taken over
+
+
+def test_the_fast_poll_backs_off_to_at_most_the_cap_for_a_second_then_to_the_sweep() -> None:
+    """From a marker read at 50 ms: every poll within the first second at most FAST_CAP_S apart, then 1.5x
+    each time until the idle interval, where the sweep takes over."""
+    interval, elapsed, gaps = 0.05, 0.0, []
+    while True:
+        elapsed += interval
+        gaps.append((elapsed, interval))
+        following = next_fast_interval(interval, elapsed, idle_poll_interval_s=1.0)
+        if following is None:
+            break
+        interval = following
+    within_a_second = [gap for at, gap in gaps if at < FAST_PHASE_S]
+    assert max(within_a_second) <= FAST_CAP_S
+    assert within_a_second[:3] == [0.05, 0.05 * BACKOFF, 0.05 * BACKOFF * BACKOFF]
+    later = [gap for at, gap in gaps if at >= FAST_PHASE_S]
+    assert later and all(b == a * BACKOFF for a, b in itertools.pairwise(later))
+    assert gaps[-1][1] * BACKOFF > 1.0, "handed to the sweep only past the idle interval"
+
+
+def test_a_poll_interval_above_the_cap_is_never_shortened() -> None:
+    assert next_fast_interval(0.4, 0.1, idle_poll_interval_s=1.0) == 0.4
