@@ -204,38 +204,35 @@ class WatermarkDispatcher:
             self._pool.submit(self._create, companion, f"__wm_dispatch-{self._instance_id}-{self._created}")
 
     def _send(self, companion: Companion, table: PublishTable) -> None:
-        assert companion.producer is not None
-        key = table_key(table.events[0].partition)
         companion.sent.sending_table(table)
-        post = self._post
-
-        def sent(result: pulsar.Result, _msg_id: pulsar.MessageId) -> None:  # on a client thread
-            post(lambda: self._sent(companion, table, result))
-
-        try:
-            companion.producer.send_async(
-                encode_table(table.events), sent, partition_key=key, properties={EVENT_PROPERTY: SEND_WATERMARK}
-            )
-        except pulsar.PulsarException as exc:
-            failure = exc
-            post(lambda: self._sent(companion, table, failure))
+        self._send_async(
+            companion, encode_table(table.events), table_key(table.events[0].partition), SEND_WATERMARK,
+            lambda result: self._sent(companion, table, result),
+        )  # fmt: skip
 
     def _send_head(self, companion: Companion, head: HeadWatermark) -> None:
-        assert companion.producer is not None
-        key = head_key(head.partition)
         companion.sent.sending_head(head)
+        self._send_async(
+            companion, encode_head(head), head_key(head.partition), HEAD_WATERMARK,
+            lambda result: self._head_sent(companion, head, result),
+        )  # fmt: skip
+
+    def _send_async(
+        self, companion: Companion, payload: bytes, key: str, event: str, done: Callable[[object], None]
+    ) -> None:
+        """Send one event on the companion's producer; `done(result)` runs on the loop thread, also when the
+        send could not even start."""
+        assert companion.producer is not None
         post = self._post
 
         def sent(result: pulsar.Result, _msg_id: pulsar.MessageId) -> None:  # on a client thread
-            post(lambda: self._head_sent(companion, head, result))
+            post(lambda: done(result))
 
         try:
-            companion.producer.send_async(
-                encode_head(head), sent, partition_key=key, properties={EVENT_PROPERTY: HEAD_WATERMARK}
-            )
+            companion.producer.send_async(payload, sent, partition_key=key, properties={EVENT_PROPERTY: event})
         except pulsar.PulsarException as exc:
             failure = exc
-            post(lambda: self._head_sent(companion, head, failure))
+            post(lambda: done(failure))
 
     def _head_sent(self, companion: Companion, head: HeadWatermark, result: object) -> None:
         if result == pulsar.Result.Ok:
