@@ -10,7 +10,8 @@ Each event names the mark-delete position it was computed at, and holds only for
 it. Which event may stand over which message is the trust rule of `watermark_core.trust`; the feed
 is its I/O shell: it feeds the rule the events it reads and the messages and acknowledgements the
 consumer reports, holds back the acknowledgements the rule asks it to hold, gives up waiting for a
-recomputed watermark after `recompute_wait_s`, and follows partitions added to the topic later.
+recomputed watermark after `recompute_wait_s` (falling back on the head events it read, the
+watermark at positions of the log), and follows partitions added to the topic later.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from watermark_core.protocol import (
     Position,
     Watermark,
     WatermarkEvent,
+    decode_head,
     decode_table,
 )
 from watermark_core.trust import Entry, WatermarkTrust
@@ -252,13 +254,20 @@ class WatermarkFeed:
                 self._trust.give_up(partition)
                 released += self._held.pop(partition, [])
                 self.gave_up += 1
+            fallbacks = {p: self._trust.state(p).held for p in late}
             more, changed = self._settle(changed=bool(late))
         for partition in late:
+            fallback = fallbacks[partition]
+            going_on = (
+                "going on without a watermark until the generator publishes one"
+                if fallback is None or fallback.event_time is None
+                else f"going on with the watermark {fallback.event_time} the log had at {fallback.position}"
+            )
             log.warning(
                 "subscription %r of %s, partition %d moved back to %s, and no watermark computed before it "
-                "arrived within %.0f s; going on without a watermark until the generator publishes one "
-                "(is 'broker-ext serve' running?)",
-                self.subscription, self.topic, partition, floors[partition], self.recompute_wait_s,
+                "arrived within %.0f s; %s (is 'broker-ext serve' running? In a Shared subscription, another "
+                "consumer may have acknowledged its copy of a message this one holds)",
+                self.subscription, self.topic, partition, floors[partition], self.recompute_wait_s, going_on,
             )  # fmt: skip
         self._after(released + more, changed)
 
@@ -316,7 +325,8 @@ class WatermarkFeed:
 
     def _handle(self, message: pulsar.Message) -> None:
         if message.properties().get(EVENT_PROPERTY) == HEAD_WATERMARK:
-            return  # the watermark at the partition's head: not a subscription's (the Spark source reads them)
+            self._note_head(message)
+            return
         try:
             events = decode_table(message.data())
         except MalformedMarker as exc:
@@ -331,6 +341,18 @@ class WatermarkFeed:
             return
         for event in events:
             self._apply(event)
+
+    def _note_head(self, message: pulsar.Message) -> None:
+        """The watermark at a position of a partition's log: not a subscription's, but a fact the trust rule
+        falls back on when it gives up waiting (`WatermarkTrust.give_up`)."""
+        try:
+            head = decode_head(message.data())
+        except MalformedMarker as exc:
+            log.debug("skipping malformed head event at %s: %s", message.message_id(), exc)
+            return
+        with self._cond:
+            if head.topic == self.topic and head.partition in self._trust.partitions:
+                self._trust.on_fact(head.partition, head.position, head.event_time)
 
     def _apply(self, event: WatermarkEvent) -> None:
         if event.subscription != self.subscription or event.topic != self.topic:

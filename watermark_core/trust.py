@@ -44,9 +44,21 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   caller to acknowledge (through `on_acknowledged`, so that held acknowledgements stay held); an
   entry received since (the client did not drop it) is never among them, and a message received
   in that ledger at or before it shows the client does not filter any more;
-- **giving up**: `give_up` (the caller's time limit) withdraws the partition's watermark and
-  accepts the next event that no unacknowledged message contradicts; callers log it. After a
-  seek that delivered nothing at all it trusts the held and latest events again instead.
+- **facts**: every event read, and every head event (`on_fact`: the watermark at a position of the
+  log, which the generator publishes as it reads), says what the fold of the log is at its
+  position; that stays true whatever the subscription does later (contract section 1: a pure
+  function of the log), so such a fact holds for every message after its position. The partition
+  remembers the last `FACTS_KEPT` of them;
+- **giving up**: `give_up` (the caller's time limit) stops waiting for the generator and falls back
+  on the best remembered fact: the one at the latest position that is before every message the
+  partition protects and not after the latest event (a fact beyond what the subscription was
+  last seen at would only distrust the messages still to come). Without one, the partition's
+  watermark is withdrawn. Then it accepts the next event that no unacknowledged message
+  contradicts, and takes the latest event as soon as nothing contradicts it any more (an
+  acknowledgement, a hand-over). This is what ends the wait in a Shared subscription where another
+  consumer acknowledged its copy of a message this one holds: the generator never computes a
+  watermark before that message again (chaos seed 214393). Callers log it. After a seek that
+  delivered nothing at all it trusts the held and latest events again instead.
 
 Partitioned topics: a consumer's watermark is the minimum over partitions. `watermark()` is the
 strict view (None while any partition has none or is distrusted); `listener_watermark()` is what a
@@ -57,6 +69,7 @@ later) holds the listener's watermark where it is rather than taking it away.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -80,7 +93,10 @@ class Computed:
 
 
 WITHDRAWN = Computed(BEFORE_ALL, None)
-"""What a partition holds after `give_up`: no watermark, contradicted by no message."""
+"""What a partition holds after `give_up` without a fact to fall back on: no watermark, contradicted by no message."""
+
+FACTS_KEPT = 256
+"""Facts (events and head events) remembered per partition for `give_up`: at one W_SET a second, minutes of them."""
 
 
 class Outcome(Enum):
@@ -116,6 +132,8 @@ class PartitionTrust:
     queued: dict[Position, int] = field(default_factory=dict)
     """Copies of messages received and not handed to the listener yet, per position: no event computed at
     or after one of them is taken before it has been handed over."""
+    facts: deque[Computed] = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
+    """The last events and head events read: what the log's fold is at their positions (see `give_up`)."""
     filtered_through: Entry | None = None
     """After a seek by message id: the Pulsar client drops every later delivery of an entry of this
     entry's ledger up to it, unacknowledged (see the module docstring); None: it drops nothing."""
@@ -174,6 +192,7 @@ class WatermarkTrust:
         state = self._partitions[partition]
         event = Computed((int(position[0]), int(position[1])), event_time)
         state.latest = event
+        state.facts.append(event)
         self._note_skipped(partition, event.position)
         if state.floor is not None:
             return Outcome.REGAINED if self._reconsider(partition) else Outcome.IGNORED
@@ -186,6 +205,10 @@ class WatermarkTrust:
             return Outcome.DEFERRED  # `latest`: taken when the copies before it have been handed over
         state.held = event
         return Outcome.ACCEPTED
+
+    def on_fact(self, partition: int, position: Entry, event_time: int) -> None:
+        """The watermark at a position of the partition's log (a head event): remembered for `give_up`."""
+        self._partitions[partition].facts.append(Computed((int(position[0]), int(position[1])), event_time))
 
     def on_message(self, partition: int, position: Position, *, queued: bool = False) -> None:
         """A message (data or marker) was received at `position`, before it is handed to anyone;
@@ -229,15 +252,14 @@ class WatermarkTrust:
             state.queued[position] = left
         else:
             state.queued.pop(position, None)
-        if state.floor is None and state.latest is not None and state.latest is not state.held:
-            self._take_latest(partition)
+        self._take_latest(partition)  # an event held back for it, or refused while distrusting
 
     def on_acknowledged(self, partition: int, position: Position) -> bool:
         """The application acknowledges one message; True: hold the acknowledgement back for now."""
         state = self._partitions[partition]
         state.outstanding.discard(position)
         hold = state.floor is not None and position[:2] <= state.floor
-        self._reconsider(partition)
+        self._take_latest(partition)  # an event held back for it, or refused while distrusting
         return hold
 
     def on_acknowledged_through(self, partition: int, position: Position) -> bool:
@@ -245,7 +267,7 @@ class WatermarkTrust:
         state = self._partitions[partition]
         state.outstanding = {p for p in state.outstanding if p > position}
         hold = state.floor is not None and state.floor <= position[:2]
-        self._reconsider(partition)
+        self._take_latest(partition)  # an event held back for it, or refused while distrusting
         return hold
 
     def on_seek(
@@ -283,7 +305,9 @@ class WatermarkTrust:
             state.floor, state.provisional = target, True
 
     def give_up(self, partition: int) -> None:
-        """Stop waiting for a watermark computed before the floor: none, then the next event as it comes.
+        """Stop waiting for a watermark computed before the floor: the best remembered fact before
+        everything the partition protects (none if there is no such fact), then the next event as it
+        comes, and the latest one once nothing contradicts it.
 
         If nothing arrived since a seek (it went to the end, or forward by publish time on a quiet
         topic), nothing contradicts the held watermark, and the partition trusts it again instead.
@@ -298,8 +322,21 @@ class WatermarkTrust:
             state.floor, state.provisional = None, False
             self._take_latest(partition)
             return
-        state.held, state.latest = WITHDRAWN, None
+        state.held = self._best_fact(state) or WITHDRAWN
         state.floor, state.provisional = None, False
+        self._take_latest(partition)
+
+    @staticmethod
+    def _best_fact(state: PartitionTrust) -> Computed | None:
+        """The remembered fact at the latest position before every message `state` protects and not after
+        its latest event (see `give_up`); None if there is none."""
+        limits = [e for e in (state.lowest_outstanding(), state.lowest_queued()) if e is not None]
+        candidates = [
+            fact for fact in state.facts
+            if all(fact.position < limit for limit in limits)
+            and (state.latest is None or fact.position <= state.latest.position)
+        ]  # fmt: skip
+        return max(candidates, key=lambda fact: fact.position, default=None)
 
     def _note_skipped(self, partition: int, computed_at: Entry) -> None:
         """An event computed at `computed_at`: if that is before what the client drops, those entries after it

@@ -250,6 +250,64 @@ def test_give_up_withdraws_and_trusts_the_next_event() -> None:
     assert trust.on_event(-1, (L, 60), 600) is Outcome.ACCEPTED, "whatever its position"
 
 
+def test_give_up_falls_back_on_the_latest_event_when_another_consumer_acknowledged_the_copy() -> None:
+    """Chaos seed 214393 (Shared, resets with consumers attached): this consumer held message 20 when the
+    generator computed at 30 (another consumer had acknowledged its copy of 20). The event is refused
+    while 20 is unacknowledged; no event before 20 ever comes. At the time limit, with 20 acknowledged,
+    the latest event is the best fact: taken, not withdrawn."""
+    trust = WatermarkTrust([-1])
+    trust.on_event(-1, (L, 10), 100)
+    trust.on_message(-1, pos(20))
+    assert trust.on_event(-1, (L, 30), 300) is Outcome.DISTRUSTED
+    assert trust.on_acknowledged(-1, pos(20)), "held: it covers the floor"
+    assert trust.distrusting(-1)
+    trust.give_up(-1)
+    assert trust.state(-1).held == Computed((L, 30), 300)
+    assert trust.watermark() == Watermark(300, computed_at=((-1, L, 30),))
+    assert trust.may_hand_over(-1)
+
+
+def test_give_up_with_a_message_still_held_falls_back_before_it_and_takes_the_latest_once_acknowledged() -> None:
+    trust = WatermarkTrust([-1])
+    trust.on_fact(-1, (L, 5), 50)
+    trust.on_event(-1, (L, 10), 100)
+    trust.on_fact(-1, (L, 18), 180)
+    trust.on_message(-1, pos(20))
+    trust.on_fact(-1, (L, 25), 250)  # after the message: no fact for it
+    assert trust.on_event(-1, (L, 30), 300) is Outcome.DISTRUSTED
+    trust.give_up(-1)
+    assert trust.state(-1).held == Computed((L, 18), 180), "the latest fact before the message still held"
+    assert not trust.on_acknowledged(-1, pos(20))
+    assert trust.state(-1).held == Computed((L, 30), 300), "nothing contradicts the latest event any more"
+
+
+def test_give_up_hands_a_redelivered_copy_over_under_a_head_fact_before_it() -> None:
+    """A copy of 20 delivered again (rule 1) that another consumer acknowledged: the head event the
+    generator published at 19 is the watermark there, whatever the subscription did since."""
+    trust = WatermarkTrust([-1])
+    trust.on_fact(-1, (L, 19), 190)
+    trust.on_event(-1, (L, 30), 300)
+    trust.on_message(-1, pos(20), queued=True)
+    assert not trust.may_hand_over(-1)
+    trust.give_up(-1)
+    assert trust.may_hand_over(-1)
+    assert trust.listener_watermark(Watermark(300)) == Watermark(190, computed_at=((-1, L, 19),))
+    trust.on_handed_over(-1, pos(20))
+    assert trust.state(-1).held == Computed((L, 19), 190), "20 is still unacknowledged: the event at 30 waits"
+    trust.on_acknowledged(-1, pos(20))
+    assert trust.state(-1).held == Computed((L, 30), 300)
+
+
+def test_give_up_takes_no_fact_from_beyond_the_latest_event() -> None:
+    """A head fact ahead of where the subscription was last seen would only distrust the messages to come."""
+    trust = WatermarkTrust([-1])
+    trust.on_event(-1, (L, 30), 300)
+    trust.on_fact(-1, (L, 40), 400)
+    trust.on_message(-1, pos(25))
+    trust.give_up(-1)
+    assert trust.state(-1).held == WITHDRAWN
+
+
 def test_partitioned_minimum_strict_and_for_the_listener() -> None:
     trust = WatermarkTrust([0, 1])
     trust.on_event(0, (L, 5), 100)
@@ -342,7 +400,6 @@ def test_skipped_entries_of_another_ledger_and_no_filter_without_a_seek_by_id() 
     trust.on_seek([-1], None)  # by publish time: the client drops nothing
     trust.on_event(-1, (L, 0), 5)
     assert trust.drain_skipped() == []
-
 
 
 # -- the model -------------------------------------------------------------------------------------------
@@ -528,10 +585,12 @@ class Consumer:
         return True
 
 
-OPS = ("flow", "dispatch", "receive", "hand", "ack", "poll", "event", "seek", "seek_by_time", "reset", "give_up")
+OPS = (
+    "flow", "dispatch", "receive", "hand", "ack", "poll", "event", "head", "seek", "seek_by_time", "reset", "give_up"
+)  # fmt: skip
 """`flow`: a few messages go through dispatch, receive, hand-over and acknowledgement, as most of the time."""
 WEIGHTED = ("flow", "flow", "flow", "poll", "poll", "event", "event", "dispatch", "receive", "hand", "ack",
-            "seek", "seek_by_time", "reset")  # fmt: skip
+            "head", "seek", "seek_by_time", "reset")  # fmt: skip
 
 
 def run_model(
@@ -580,6 +639,11 @@ def run_model(
             trust.on_event(p, (L, at), value)
             consumer.release_regained()
             consumer.update_listener()
+        elif op == "head":  # a head event: the fold of the log at an entry, whatever the cursor does
+            entry = arg % size
+            value = log_by_partition[partition].watermarks[entry + 1]
+            if value is not None:
+                trust.on_fact(partition, (L, entry), value)
         elif op in ("seek", "seek_by_time", "reset"):
             target = arg % (size + 1)
             if op != "reset":  # the client sends what the application acknowledged before it seeks
@@ -670,7 +734,7 @@ def test_model_two_partitions(first: Log, second: Log, ops: list[tuple[str, int,
 
 
 @settings(max_examples=400, deadline=None)
-@given(log=logs(), ops=operations((*WEIGHTED, "give_up")), listener=st.booleans())
+@given(log=logs(), ops=operations((*WEIGHTED, "head", "give_up")), listener=st.booleans())
 def test_model_with_giving_up_stays_safe(log: Log, ops: list[tuple[str, int, int]], listener: bool) -> None:
     """`give_up` trusts without evidence, but never hands a message over under a watermark computed after it."""
     run_model({-1: log}, ops, publishes_none=False, settle=False, listener=listener)
