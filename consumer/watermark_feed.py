@@ -10,8 +10,9 @@ Each event names the mark-delete position it was computed at, and holds only for
 it. Which event may stand over which message is the trust rule of `watermark_core.trust`; the feed
 is its I/O shell: it feeds the rule the events it reads and the messages and acknowledgements the
 consumer reports, holds back the acknowledgements the rule asks it to hold, gives up waiting for a
-recomputed watermark after `recompute_wait_s` (falling back on the head events it read, the
-watermark at positions of the log), and follows partitions added to the topic later.
+recomputed watermark after `fallback_wait_s` when it can fall back on an event or head event it
+read (the watermark at a position of the log), else after `recompute_wait_s`, and follows
+partitions added to the topic later.
 """
 
 from __future__ import annotations
@@ -42,7 +43,11 @@ log = logging.getLogger(__name__)
 
 CATCH_UP_LIMIT_S = 10.0
 RECOMPUTE_WAIT_S = 30.0
-"""How long a partition that moved back waits for a watermark computed before its messages."""
+"""How long a partition that moved back waits for a watermark computed before its messages, at most."""
+FALLBACK_WAIT_S = 5.0
+"""How long it waits when it remembers a fact of the log to fall back on (`WatermarkTrust.fallback`):
+the generator recomputes within about a second of a move back (`make bench`, seek), so a longer wait
+means it will not (a Shared copy acknowledged elsewhere) or cannot now (it is restarting)."""
 PARTITION_REFRESH_S = 10.0
 """How often the feed of a partitioned topic looks for partitions added to it."""
 
@@ -79,11 +84,13 @@ class WatermarkFeed:
         *,
         on_skipped: Callable[[int, Entry], None] | None = None,
         recompute_wait_s: float = RECOMPUTE_WAIT_S,
+        fallback_wait_s: float = FALLBACK_WAIT_S,
         partition_refresh_s: float = PARTITION_REFRESH_S,
     ) -> None:
         self.topic, own_partition = base_topic_and_partition(topic)
         self.subscription = subscription
         self.recompute_wait_s = recompute_wait_s
+        self.fallback_wait_s = min(fallback_wait_s, recompute_wait_s)
         self._client = client
         self._topic_name = topic
         self._on_change = on_change
@@ -244,10 +251,16 @@ class WatermarkFeed:
             self._on_change(self._current)
 
     def _check_time_limits(self) -> None:
-        """A partition distrusted for longer than `recompute_wait_s` gives up waiting (and says so)."""
+        """A partition distrusted for longer than `fallback_wait_s` with a fact to fall back on, or than
+        `recompute_wait_s` without, gives up waiting (and says so)."""
         now = time.monotonic()
         with self._cond:
-            late = [p for p, since in self._distrusted_since.items() if now - since >= self.recompute_wait_s]
+            late = [
+                p for p, since in self._distrusted_since.items()
+                if now - since >= self.recompute_wait_s
+                or (now - since >= self.fallback_wait_s and self._trust.fallback(p) is not None)
+            ]  # fmt: skip
+            waited = {p: now - self._distrusted_since[p] for p in late}
             floors = {p: self._trust.state(p).floor for p in late}
             released: list[Send] = []
             for partition in late:
@@ -263,11 +276,12 @@ class WatermarkFeed:
                 if fallback is None or fallback.event_time is None
                 else f"going on with the watermark {fallback.event_time} the log had at {fallback.position}"
             )
-            log.warning(
+            log.log(
+                logging.INFO if fallback is not None and fallback.event_time is not None else logging.WARNING,
                 "subscription %r of %s, partition %d moved back to %s, and no watermark computed before it "
-                "arrived within %.0f s; %s (is 'broker-ext serve' running? In a Shared subscription, another "
+                "arrived within %.1f s; %s (is 'broker-ext serve' running? In a Shared subscription, another "
                 "consumer may have acknowledged its copy of a message this one holds)",
-                self.subscription, self.topic, partition, floors[partition], self.recompute_wait_s, going_on,
+                self.subscription, self.topic, partition, floors[partition], waited[partition], going_on,
             )  # fmt: skip
         self._after(released + more, changed)
 

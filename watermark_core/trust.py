@@ -49,7 +49,8 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   position; that stays true whatever the subscription does later (contract section 1: a pure
   function of the log), so such a fact holds for every message after its position. The partition
   remembers the last `FACTS_KEPT` of them;
-- **giving up**: `give_up` (the caller's time limit) stops waiting for the generator and falls back
+- **giving up**: `give_up` (the caller's time limits; `fallback` says what it would hold) stops
+  waiting for the generator and falls back
   on the best remembered fact: the one at the latest position that is before every message the
   partition protects and not after the latest event (a fact beyond what the subscription was
   last seen at would only distrust the messages still to come). Without one, the partition's
@@ -303,6 +304,15 @@ class WatermarkTrust:
                 self._take_latest(partition)  # refused for a message the seek skipped, maybe
                 continue
             state.floor, state.provisional = target, True
+
+    def fallback(self, partition: int) -> Computed | None:
+        """What `give_up` would hold now, if that is a watermark: the held event again after a seek that
+        delivered nothing, else the best remembered fact; None if giving up would withdraw it."""
+        state = self._partitions[partition]
+        if state.provisional:
+            return state.held
+        fact = self._best_fact(state)
+        return fact if fact is not None and fact.event_time is not None else None
 
     def give_up(self, partition: int) -> None:
         """Stop waiting for a watermark computed before the floor: the best remembered fact before

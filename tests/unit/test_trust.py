@@ -298,6 +298,18 @@ def test_give_up_hands_a_redelivered_copy_over_under_a_head_fact_before_it() -> 
     assert trust.state(-1).held == Computed((L, 30), 300)
 
 
+def test_fallback_names_what_giving_up_would_hold_and_none_where_it_would_withdraw() -> None:
+    """The consumer gives up early (`fallback_wait_s`) only where this is not None."""
+    trust = WatermarkTrust([-1])
+    trust.on_event(-1, (L, 30), 300)
+    trust.on_message(-1, pos(25), queued=True)
+    assert trust.fallback(-1) is None, "no fact before 25"
+    trust.on_fact(-1, (L, 24), 240)
+    assert trust.fallback(-1) == Computed((L, 24), 240)
+    trust.on_seek([-1], (L, 10))
+    assert trust.fallback(-1) == Computed((L, 30), 300), "a seek that delivered nothing: the held event again"
+
+
 def test_give_up_takes_no_fact_from_beyond_the_latest_event() -> None:
     """A head fact ahead of where the subscription was last seen would only distrust the messages to come."""
     trust = WatermarkTrust([-1])
