@@ -16,12 +16,14 @@ of a consumer without listener returns None meanwhile.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import queue
 import threading
 import time
 import weakref
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pulsar
@@ -64,6 +66,7 @@ class WatermarkConsumer:
             raise ValueError("pass a WatermarkListener as listener=..., not message_listener")
         self.topic = topic
         self.subscription = subscription
+        self._client = client
         self._listener = listener
         self.markers_hidden = 0
         self.late_messages = 0
@@ -80,8 +83,7 @@ class WatermarkConsumer:
         # and no thread or reader left running behind it.
         with explained(service_url=service_url_of(client), topic=topic, doing="subscribe to"):
             self._feed = WatermarkFeed(
-                client, topic, subscription, self._on_watermark, on_skipped=self._acknowledge_skipped,
-                recompute_wait_s=recompute_wait_s,
+                client, topic, subscription, self._on_watermark, recompute_wait_s=recompute_wait_s,
             )  # fmt: skip
             try:
                 if listener is not None:
@@ -91,7 +93,10 @@ class WatermarkConsumer:
                     self._dispatcher.start()
                     subscribe_options["message_listener"] = self._on_message
                 self._on_watermark(self._feed.current)
-                self._consumer = client.subscribe(topic, subscription, **subscribe_options)
+                self._subscribe: Callable[[], pulsar.Consumer] = functools.partial(
+                    client.subscribe, topic, subscription, **subscribe_options
+                )
+                self._consumer = self._subscribe()
             except BaseException:
                 self._subscribed.set()
                 self._stop_dispatcher()
@@ -99,8 +104,9 @@ class WatermarkConsumer:
                 raise
         self._subscribed.set()
         self._inclusive_seek = bool(subscribe_options.get("start_message_id_inclusive", False))
-        self._seek_partition_index: dict[int, int] = {}
-        """Feed partition -> the Pulsar partition index of the last by-id seek's target there."""
+        self._seek_targets: dict[int, tuple[int, int]] = {}
+        """Partition -> the entry of a seek by message id that delivery resumes after: dropped (and
+        acknowledged) if it is the first message of the partition that comes after the seek."""
         self._warning = threading.Timer(no_watermark_warning_s, self._warn_if_no_watermark)
         self._warning.daemon = True
         self._warning.start()
@@ -183,18 +189,20 @@ class WatermarkConsumer:
         if self._listener is not None:
             raise RuntimeError("this consumer has a listener; messages go to it, not to receive()")
         if timeout_millis is None:
-            message = self._consumer.receive()
+            message = self._on_consumer(lambda c: c.receive())
         else:
             deadline = time.monotonic() + timeout_millis / 1000
-            message = self._consumer.receive(timeout_millis=timeout_millis)
+            message = self._on_consumer(lambda c: c.receive(timeout_millis=timeout_millis))
         self._observe(message)
         properties = message.properties()
-        while MARKER_PROPERTY in properties:
-            self._hide_marker(message, properties)
+        while MARKER_PROPERTY in properties or self._is_seek_target(message, observed=True):
+            if MARKER_PROPERTY in properties:
+                self._hide_marker(message, properties)
             if timeout_millis is None:
-                message = self._consumer.receive()
+                message = self._on_consumer(lambda c: c.receive())
             else:
-                message = self._consumer.receive(timeout_millis=max(0, int((deadline - time.monotonic()) * 1000)))
+                left = max(0, int((deadline - time.monotonic()) * 1000))
+                message = self._on_consumer(lambda c, left=left: c.receive(timeout_millis=left))
             self._observe(message)
             properties = message.properties()
         self._note_lateness(message, self._feed.current)
@@ -210,6 +218,8 @@ class WatermarkConsumer:
         if self._closed or "_consumer" not in self.__dict__:
             return
         try:
+            if self._is_seek_target(message):
+                return
             properties = message.properties()
             is_marker = MARKER_PROPERTY in properties
             self._observe(message, queued=not is_marker)
@@ -268,16 +278,30 @@ class WatermarkConsumer:
         """Acknowledge a message or message id; held back while it would let the subscription pass a
         position it moved back to before the watermark recomputed there has arrived (then sent)."""
         partition, position = self._position(message)
-        self._feed.acknowledge(partition, position, lambda: self._consumer.acknowledge(message))
+        self._feed.acknowledge(partition, position, lambda: self._on_consumer(lambda c: c.acknowledge(message)))
 
     def acknowledge_cumulative(self, message: Any) -> None:
         partition, position = self._position(message)
         self._feed.acknowledge(
-            partition, position, lambda: self._consumer.acknowledge_cumulative(message), cumulative=True
-        )
+            partition, position, lambda: self._on_consumer(lambda c: c.acknowledge_cumulative(message)),
+            cumulative=True,
+        )  # fmt: skip
 
     def negative_acknowledge(self, message: Any) -> None:
-        self._consumer.negative_acknowledge(message)
+        self._on_consumer(lambda c: c.negative_acknowledge(message))
+
+    def _on_consumer(self, action: Any) -> Any:
+        """`action(consumer)` on the current Pulsar consumer; once more on its successor if a seek replaced it
+        meanwhile (`_renew`)."""
+        self._subscribed.wait()
+        consumer = self._consumer
+        try:
+            return action(consumer)
+        except pulsar.AlreadyClosed:
+            self._subscribed.wait()
+            if self._closed or self._consumer is consumer:
+                raise
+            return action(self._consumer)
 
     def seek(self, target: Any) -> None:
         """Pulsar's `seek` (a message id, or an int publish time in ms), and distrust the watermark at once.
@@ -289,10 +313,13 @@ class WatermarkConsumer:
         `start_message_id_inclusive=True`) but the broker's cursor stays before it, so nobody
         would ever acknowledge it and the subscription, and its watermark, would stay there for
         good; this consumer acknowledges the target itself (a message that is not batched).
-        The client also keeps dropping, unacknowledged, every later delivery of an entry of the
-        target's ledger up to the target: when the subscription moves back over it again (a
-        reset-cursor, another consumer's seek) this consumer acknowledges those entries once the
-        generator shows it the move (watermark_core/trust.py, "entries the Pulsar client drops").
+        The Pulsar client (C++, 3.x) also keeps the target as its start message id for as long as
+        the consumer lives: it drops every later delivery of an entry of the target's ledger up to
+        the target, unacknowledged and without returning the flow permit it used. When the
+        subscription moves back over the target again (a reset-cursor, another consumer's seek),
+        a few such entries use up the permits and the broker sends nothing more: the consumer is
+        stuck for good (chaos seed 776590, receiver queue 5). So after a seek by message id the
+        consumer subscribes again (`_renew`), with no start message id.
         """
         partitions: list[int] | None
         if isinstance(target, int) and not isinstance(target, bool):
@@ -307,15 +334,44 @@ class WatermarkConsumer:
             self._feed.send_held(partitions)
             self._drop_queued(partitions)
             self._consumer.seek(target)
-            filters_through = None if entry is None or partitions is None else self._filters_through(target)
-            if filters_through is not None and partitions is not None:
-                self._seek_partition_index[partitions[0]] = target.partition()
-            self._feed.seek(partitions, entry, filters_through=filters_through)
-            if entry is not None and self._skips_target(target):
-                self.acknowledge(target)
+            self._feed.seek(partitions, entry)
+            if entry is not None and partitions is not None:
+                self._seek_targets.pop(partitions[0], None)
+                if self._skips_target(target):
+                    self._seek_targets[partitions[0]] = entry
+                self._renew()
         finally:
             if self._listener is not None:
                 self._consumer.resume_message_listener()
+
+    def _renew(self) -> None:
+        """Close the Pulsar consumer and subscribe again, so that no start message id stays behind (see `seek`).
+
+        Closing sends the acknowledgements it still groups; meanwhile the listener's callback and
+        acknowledgements (`_on_consumer`) wait for the new consumer.
+        """
+        self._subscribed.clear()
+        try:
+            with contextlib.suppress(pulsar.PulsarException):
+                self._consumer.close()
+            with explained(service_url=service_url_of(self._client), topic=self.topic, doing="subscribe again to"):
+                self._consumer = self._subscribe()
+        finally:
+            self._subscribed.set()
+
+    def _is_seek_target(self, message: pulsar.Message, *, observed: bool = False) -> bool:
+        """Whether `message` is a seek's target coming first after the seek: acknowledged and dropped then, as
+        Pulsar resumes after the target (`seek`); any first message of its partition ends the wait for it."""
+        if not self._seek_targets:
+            return False
+        partition, position = self._position(message)
+        target = self._seek_targets.pop(partition, None)
+        if target is None or position != position_of(*target):
+            return False
+        if not observed:
+            self._observe(message)
+        self.acknowledge(message)
+        return True
 
     def _skips_target(self, target: Any) -> bool:
         """Whether Pulsar resumes after `target` without acknowledging it (a real, unbatched message id)."""
@@ -324,27 +380,6 @@ class WatermarkConsumer:
         ledger, entry = target.ledger_id(), target.entry_id()
         return ledger >= 0 and entry >= 0 and (ledger, entry) != (pulsar.MessageId.latest.ledger_id(),
                                                                    pulsar.MessageId.latest.entry_id())  # fmt: skip
-
-    def _filters_through(self, target: Any) -> tuple[int, int] | None:
-        """The last entry of the target's ledger whose later deliveries the Pulsar client drops after seeking to
-        `target` (a real, unbatched message id), or None."""
-        if target.batch_index() >= 0:
-            return None
-        ledger, entry = target.ledger_id(), target.entry_id()
-        if ledger < 0 or entry < 0 or (ledger, entry) == (pulsar.MessageId.latest.ledger_id(),
-                                                          pulsar.MessageId.latest.entry_id()):  # fmt: skip
-            return None
-        last = entry - 1 if self._inclusive_seek else entry
-        return (ledger, last) if last >= 0 else None
-
-    def _acknowledge_skipped(self, partition: int, entry: tuple[int, int]) -> None:
-        """Acknowledge an entry the Pulsar client drops (the feed's `on_skipped`, on the feed's thread)."""
-        if self._closed or "_consumer" not in self.__dict__:
-            return
-        index = self._seek_partition_index.get(partition, partition)
-        msg_id = pulsar.MessageId(index, entry[0], entry[1], -1)
-        log.debug("%s: acknowledging %s, which the Pulsar client drops since the seek", self.subscription, entry)
-        self._feed.acknowledge(partition, position_of(entry[0], entry[1]), lambda: self._consumer.acknowledge(msg_id))
 
     def _drop_queued(self, partitions: list[int] | None) -> None:
         """Forget the messages of these partitions (None: all) waiting for the listener."""

@@ -67,9 +67,7 @@ class WatermarkFeed:
     """The subscription's watermark: the minimum over the partitions it reads, as far as it can be trusted.
 
     `on_change(current)` runs on the feed's thread whenever what a listener may hold can have
-    changed; `on_skipped(partition, entry)` (outside the lock) whenever the subscription moved back over
-    an entry the Pulsar client drops (`WatermarkTrust.drain_skipped`): the consumer acknowledges it
-    through `acknowledge`; `current` is the strict watermark (None while a partition has none or is distrusted).
+    changed; `current` is the strict watermark (None while a partition has none or is distrusted).
     `partitions` fixes the partitions; by default they are the topic's, and for a partitioned topic
     partitions added later join (without a watermark, they hold the minimum back until they have one).
     """
@@ -82,7 +80,6 @@ class WatermarkFeed:
         on_change: Callable[[Watermark | None], None],
         partitions: list[int] | None = None,
         *,
-        on_skipped: Callable[[int, Entry], None] | None = None,
         recompute_wait_s: float = RECOMPUTE_WAIT_S,
         fallback_wait_s: float = FALLBACK_WAIT_S,
         partition_refresh_s: float = PARTITION_REFRESH_S,
@@ -94,8 +91,6 @@ class WatermarkFeed:
         self._client = client
         self._topic_name = topic
         self._on_change = on_change
-        self._on_skipped = on_skipped
-        self._skipped: list[tuple[int, Entry]] = []
         indexes = partitions if partitions is not None else partition_indexes(client, topic)
         self._follow_new_partitions = partitions is None and own_partition == -1 and indexes != [-1]
         self._partition_refresh_s = partition_refresh_s
@@ -196,16 +191,11 @@ class WatermarkFeed:
             released = [send for p in chosen for send in self._held.pop(p)]
         self._after(released, changed=False)
 
-    def seek(
-        self, partitions: Iterable[int] | None, target: Entry | None, *, filters_through: Entry | None = None
-    ) -> None:
-        """The consumer sought these partitions (None: all) to `target` (None: unknown, by publish time);
-        `filters_through`: see `WatermarkTrust.on_seek`."""
+    def seek(self, partitions: Iterable[int] | None, target: Entry | None) -> None:
+        """The consumer sought these partitions (None: all) to `target` (None: unknown, by publish time)."""
         with self._cond:
             chosen = self._trust.partitions if partitions is None else list(partitions)
-            self._trust.on_seek(
-                [p for p in chosen if p in self._trust.partitions], target, filters_through=filters_through
-            )
+            self._trust.on_seek([p for p in chosen if p in self._trust.partitions], target)
             released, changed = self._settle(changed=True)
         self._after(released, changed)
 
@@ -214,7 +204,6 @@ class WatermarkFeed:
     def _settle(self, changed: bool = False) -> tuple[list[Send], bool]:
         """After any input (under the lock): collect acknowledgements to release, note distrust times."""
         released: list[Send] = []
-        self._skipped += self._trust.drain_skipped()
         for partition in self._trust.drain_regained():
             released += self._held.pop(partition, [])
             changed = True
@@ -233,15 +222,7 @@ class WatermarkFeed:
         return released, changed
 
     def _after(self, released: list[Send], changed: bool) -> None:
-        """Outside the lock: send released acknowledgements, acknowledge skipped entries, tell the consumer."""
-        with self._cond:
-            skipped, self._skipped = self._skipped, []
-        if self._on_skipped is not None:
-            for partition, entry in skipped:
-                try:
-                    self._on_skipped(partition, entry)
-                except Exception:
-                    log.debug("acknowledging the skipped entry %s on %s failed", entry, self.topic, exc_info=True)
+        """Outside the lock: send released acknowledgements, tell the consumer."""
         for send in released:
             try:
                 send()

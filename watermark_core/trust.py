@@ -32,18 +32,6 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   of the held event's position, known from its target or from that first message, changes
   nothing: a watermark computed before it holds for everything after it (but a later event the
   first message contradicts distrusts from that message, as in `on_event`);
-- **entries the Pulsar client drops**: after `seek(message_id)` the Pulsar client (C++, 3.x) keeps
-  the target as its start message id and silently drops, for as long as the consumer lives, every
-  later delivery of a non-batched entry of the target's ledger up to the target (the target itself
-  included unless `start_message_id_inclusive`), without acknowledging it. When the subscription
-  moves back over the target again (an operator's reset-cursor, another consumer's seek) those
-  entries are delivered, dropped and never acknowledged: the mark-delete position, and the
-  watermark, would stay before them for good. `on_seek(..., filters_through=...)` records that
-  entry; an event computed before it (the generator saw the subscription before it) names the
-  entries of the ledger after the event's position up to it, and `drain_skipped` hands them to the
-  caller to acknowledge (through `on_acknowledged`, so that held acknowledgements stay held); an
-  entry received since (the client did not drop it) is never among them, and a message received
-  in that ledger at or before it shows the client does not filter any more;
 - **facts**: every event read, and every head event (`on_fact`: the watermark at a position of the
   log, which the generator publishes as it reads), says what the fold of the log is at its
   position; that stays true whatever the subscription does later (contract section 1: a pure
@@ -135,9 +123,6 @@ class PartitionTrust:
     or after one of them is taken before it has been handed over."""
     facts: deque[Computed] = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
     """The last events and head events read: what the log's fold is at their positions (see `give_up`)."""
-    filtered_through: Entry | None = None
-    """After a seek by message id: the Pulsar client drops every later delivery of an entry of this
-    entry's ledger up to it, unacknowledged (see the module docstring); None: it drops nothing."""
 
     @property
     def distrusting(self) -> bool:
@@ -167,7 +152,6 @@ class WatermarkTrust:
     def __init__(self, partitions: Iterable[int] = ()) -> None:
         self._partitions: dict[int, PartitionTrust] = {p: PartitionTrust() for p in partitions}
         self._regained: set[int] = set()
-        self._skipped: list[tuple[int, Entry]] = []
 
     # -- partitions ---------------------------------------------------------------------------------
 
@@ -194,7 +178,6 @@ class WatermarkTrust:
         event = Computed((int(position[0]), int(position[1])), event_time)
         state.latest = event
         state.facts.append(event)
-        self._note_skipped(partition, event.position)
         if state.floor is not None:
             return Outcome.REGAINED if self._reconsider(partition) else Outcome.IGNORED
         low = state.lowest_outstanding()
@@ -219,9 +202,6 @@ class WatermarkTrust:
         if queued:
             state.queued[position] = state.queued.get(position, 0) + 1
         entry = position[:2]
-        through = state.filtered_through
-        if through is not None and entry[0] == through[0] and entry <= through:
-            state.filtered_through = None  # delivered: the client does not drop these entries (any more)
         if state.floor is not None and state.provisional:
             # The first message after a seek: where delivery really starts. After the held event's
             # position, the seek went forward of it and the held watermark holds again.
@@ -271,14 +251,8 @@ class WatermarkTrust:
         self._take_latest(partition)  # an event held back for it, or refused while distrusting
         return hold
 
-    def on_seek(
-        self, partitions: Iterable[int], target: Entry | None, *, filters_through: Entry | None = None
-    ) -> None:
+    def on_seek(self, partitions: Iterable[int], target: Entry | None) -> None:
         """The consumer seeks these partitions; `target` None when unknown (by publish time).
-
-        `filters_through`: the last entry of the target's ledger that the Pulsar client will drop
-        from now on whenever it comes again (a seek by a real message id; see the module
-        docstring); None: the client drops nothing after this seek.
 
         An unknown target is taken as the held event's position: an event computed before it can
         only come from a move back, and the first message after the seek tells which way it went.
@@ -286,11 +260,9 @@ class WatermarkTrust:
         What the partitions received before the seek is forgotten: delivery starts again from the
         target, and what comes again is received again.
         """
-        through = None if filters_through is None else (int(filters_through[0]), int(filters_through[1]))
         for partition in partitions:
             state = self._partitions[partition]
             state.outstanding, state.queued = set(), {}
-            state.filtered_through = through
             if state.held is None:
                 continue  # nothing to distrust; a stale event still meets the messages that come again
             if target is None:
@@ -348,20 +320,6 @@ class WatermarkTrust:
         ]  # fmt: skip
         return max(candidates, key=lambda fact: fact.position, default=None)
 
-    def _note_skipped(self, partition: int, computed_at: Entry) -> None:
-        """An event computed at `computed_at`: if that is before what the client drops, those entries after it
-        will never be acknowledged by anyone but us (unless this consumer received one since)."""
-        state = self._partitions[partition]
-        through = state.filtered_through
-        if through is None or computed_at >= through:
-            return
-        first = computed_at[1] + 1 if computed_at[0] == through[0] else 0
-        received = {position[:2] for position in state.outstanding}
-        self._skipped += [
-            (partition, (through[0], entry)) for entry in range(max(first, 0), through[1] + 1)
-            if (through[0], entry) not in received
-        ]  # fmt: skip
-
     def _reconsider(self, partition: int) -> bool:
         """While distrusting: take the latest event if it is before everything the partition protects now."""
         return self._partitions[partition].floor is not None and self._take_latest(partition)
@@ -380,12 +338,6 @@ class WatermarkTrust:
         return True
 
     # -- outputs ------------------------------------------------------------------------------------
-
-    def drain_skipped(self) -> list[tuple[int, Entry]]:
-        """(partition, entry) the Pulsar client drops and the subscription moved back over since the last
-        call: the caller acknowledges them (each through `on_acknowledged`, which may hold it back)."""
-        skipped, self._skipped = self._skipped, []
-        return skipped
 
     def drain_regained(self) -> list[int]:
         """Partitions trusted again since the last call: their held acknowledgements may go now."""

@@ -77,7 +77,8 @@ def test_the_pulsar_client_drops_the_entries_up_to_its_seek_target_when_the_subs
 ) -> None:
     """What the next test works around, with a plain `pulsar.Consumer` (pulsar-client 3.13): after `seek(m30)`
     the client keeps m30 as its start message id and drops every later delivery of an entry of that ledger
-    up to it, without acknowledging it; a reset-cursor back to m20 leaves m20..m30 unacknowledged for good.
+    up to it, without acknowledging it (and without returning its flow permit: with a small receiver queue
+    the consumer stops receiving altogether); a reset-cursor back to m20 leaves m20..m30 unacknowledged.
     If this fails after a client upgrade, the workaround in WatermarkConsumer may be dropped."""
     consumer = pulsar_client.subscribe(topic, "plain", consumer_type=pulsar.ConsumerType.Failover)
     producer = pulsar_client.create_producer(topic, batching_enabled=False)
@@ -111,12 +112,14 @@ def test_the_pulsar_client_drops_the_entries_up_to_its_seek_target_when_the_subs
 def test_a_reset_cursor_back_over_the_consumers_seek_target_leaves_nothing_unacknowledged(
     pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
 ) -> None:
-    """Chaos seed 60559: after `seek(m30)` the Pulsar client drops, unacknowledged, every later delivery of an
-    entry of m30's ledger up to m30; an operator's reset-cursor back to m20 a second later delivers m20..m30
-    again, the client drops them, and without the consumer acknowledging them the subscription (and its
-    watermark) would stay before m20 for good."""
+    """Chaos seeds 60559 and 776590: after `seek(m30)` the Pulsar client drops, unacknowledged, every later
+    delivery of an entry of m30's ledger up to m30, and does not return the flow permits they used; an
+    operator's reset-cursor back to m20 a second later delivers m20..m30 again: the subscription (and its
+    watermark) would stay before m20, and with a receiver queue of 5 the consumer would receive nothing more
+    at all. WatermarkConsumer subscribes again after a seek by message id, so nothing is dropped."""
     timeline = Timeline()
-    consumer = attach(pulsar_client, topic, "reprocess", timeline, consumer_type=pulsar.ConsumerType.Failover)
+    consumer = attach(pulsar_client, topic, "reprocess", timeline, consumer_type=pulsar.ConsumerType.Failover,
+                      receiver_queue_size=5)  # fmt: skip
     producer = WatermarkProducer(pulsar_client, topic, producer_name="P", keepalive_interval_ms=None)
     ids = produce_rising(producer)
     wait_for_watermark(timeline, LAST, "watermark 49000")

@@ -354,66 +354,6 @@ def test_a_partition_added_later_holds_the_watermark_back() -> None:
     assert trust.listener_watermark(Watermark(20)) == Watermark(700)
 
 
-def test_a_move_back_over_a_seek_target_names_the_entries_the_client_drops() -> None:
-    """Chaos seed 60559: seek by id to (5, 22), then a reset-cursor to (5, 21): the Pulsar client drops both
-    entries (its start message id (5, 22) filters the ledger up to it) and nobody acknowledges them."""
-    trust = WatermarkTrust([-1])
-    trust.on_seek([-1], (L, 22), filters_through=(L, 22))
-    assert trust.on_event(-1, (L, 21), 210) is Outcome.ACCEPTED  # the seek as the generator saw it
-    assert trust.drain_skipped() == [(-1, (L, 22))], "the target, which the consumer acknowledged already"
-    for entry in (23, 24):
-        trust.on_message(-1, pos(entry))
-        trust.on_acknowledged(-1, pos(entry))
-    assert trust.on_event(-1, (L, 24), 240) is Outcome.ACCEPTED
-    assert trust.drain_skipped() == []
-    # the reset-cursor back to (5, 21): the mark-delete position goes to (5, 20); (5, 21) and (5, 22) are dropped
-    trust.on_message(-1, pos(23))  # before the held (5, 24): distrust from here
-    assert trust.state(-1).floor == (L, 23)
-    assert trust.on_event(-1, (L, 20), 200) is Outcome.REGAINED
-    assert trust.drain_skipped() == [(-1, (L, 21)), (-1, (L, 22))]
-    assert not trust.on_acknowledged(-1, pos(21)) and not trust.on_acknowledged(-1, pos(22))
-    assert trust.on_event(-1, (L, 20), 200) is Outcome.ACCEPTED  # republished: named again, harmless
-    assert trust.drain_skipped() == [(-1, (L, 21)), (-1, (L, 22))]
-
-
-def test_skipped_entries_leave_out_what_was_received_and_a_delivery_ends_the_filter() -> None:
-    trust = WatermarkTrust([-1])
-    trust.on_event(-1, (L, 30), 300)
-    trust.on_seek([-1], (L, 22), filters_through=(L, 22))
-    trust.on_message(-1, pos(19))  # delivered after all: before the filtered entries, another ledger's rule
-    assert trust.state(-1).filtered_through is None, "the client delivered an entry it would drop: no filter"
-    trust.on_seek([-1], (L, 22), filters_through=(L, 22))
-    trust.on_message(-1, pos(23))
-    assert trust.on_event(-1, (L, 25), 250) is Outcome.IGNORED  # stale (computed after 23, the floor)
-    assert trust.drain_skipped() == []
-    trust.on_message(-1, pos(22))  # received (a redelivery before the seek took hold, say): never named
-    assert trust.state(-1).filtered_through is None
-    trust.on_seek([-1], (L, 22), filters_through=(L, 22))
-    trust.on_message(-1, pos(23))
-    trust.on_message(-1, pos(24))
-    trust.on_acknowledged(-1, pos(24))
-    assert trust.on_event(-1, (L, 19), 190) is Outcome.REGAINED
-    assert trust.drain_skipped() == [(-1, (L, 20)), (-1, (L, 21)), (-1, (L, 22))]
-    # named only after an event computed before them: the generator saw the move, nothing to hold back
-    assert not trust.on_acknowledged(-1, pos(20))
-    trust.on_message(-1, pos(21))  # a redelivery the client did not drop after all: it does not filter
-    assert trust.state(-1).filtered_through is None
-    assert trust.on_event(-1, (L, 19), 190) is Outcome.ACCEPTED
-    assert trust.drain_skipped() == []
-
-
-def test_skipped_entries_of_another_ledger_and_no_filter_without_a_seek_by_id() -> None:
-    trust = WatermarkTrust([-1])
-    trust.on_seek([-1], (L, 3), filters_through=(L, 3))
-    trust.on_event(-1, (L - 1, 90), 10)  # the mark-delete position in an earlier ledger
-    assert trust.drain_skipped() == [(-1, (L, e)) for e in range(4)]
-    trust.on_event(-1, (L + 1, 0), 20)  # after the filter: nothing
-    assert trust.drain_skipped() == []
-    trust.on_seek([-1], None)  # by publish time: the client drops nothing
-    trust.on_event(-1, (L, 0), 5)
-    assert trust.drain_skipped() == []
-
-
 # -- the model -------------------------------------------------------------------------------------------
 
 
