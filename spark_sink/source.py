@@ -25,6 +25,7 @@ import os
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -54,6 +55,8 @@ ROWS_PER_ARROW_BATCH = 8192
 MIN_ENTRIES_PER_SPLIT = 2000
 """A partition's range is cut for more tasks only into pieces of at least this many entries."""
 RECEIVER_QUEUE = 5000
+ADMIN_CALLS = 8
+"""Admin API calls the driver makes at once (each partition's end, every batch)."""
 DISCOVERY_INTERVAL_S = 10.0
 """How often new partitions, and topics matching `topicsPattern`, are looked for."""
 
@@ -539,6 +542,7 @@ class _DriverState:
         self._starts: dict[PartitionKey, Entry | None] | None = None
         self._consumers: dict[PartitionKey, Any] = {}
         self._loss_reported: set[PartitionKey] = set()
+        self._pool = ThreadPoolExecutor(ADMIN_CALLS, thread_name_prefix="pulsar-watermark-admin")
         self.partitions()
 
     # -- what is read --------------------------------------------------------------------------------
@@ -610,14 +614,19 @@ class _DriverState:
     # -- ends, limits and the watermark ----------------------------------------------------------------
 
     def ends(self, keys: Sequence[PartitionKey]) -> dict[PartitionKey, Entry | None]:
-        """Each partition's last entry (from the admin API); its ledgers are kept for limits and splits."""
+        """Each partition's last entry (admin API, keep-alive connections, the partitions' calls side by side:
+        a batch waits for about one round trip, not one per partition); ledgers are kept for limits and splits."""
         from pulsar_access.admin import TopicNotFound, last_confirmed_entry
 
-        ends: dict[PartitionKey, Entry | None] = {}
-        for key in keys:
+        def stats_of(key: PartitionKey) -> dict[str, Any] | None:
             try:
-                stats = self.admin.internal_stats(partition_name(*key))
+                return self.admin.fast_internal_stats(partition_name(*key))
             except TopicNotFound:
+                return None
+
+        ends: dict[PartitionKey, Entry | None] = {}
+        for key, stats in zip(keys, self._pool.map(stats_of, keys), strict=True):
+            if stats is None:
                 self._lost(key, "its topic was deleted")
                 continue
             ledger, entry = last_confirmed_entry(stats)
@@ -733,6 +742,7 @@ class _DriverState:
         for consumer in self._consumers.values():
             consumer.close()
         self.client.close()
+        self._pool.shutdown()
         self.admin.close()
 
 
