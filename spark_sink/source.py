@@ -25,6 +25,7 @@ import os
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -33,7 +34,7 @@ from pyspark.sql.types import StructType
 
 from pulsar_access.errors import checked_admin_url, checked_service_url, explained
 from pulsar_access.topics import TopicName, base_topic_and_partition, full_name, is_watermark_topic, partition_name
-from spark_sink.clients import CLIENT_OPTION_PREFIX, client_options, shared_client
+from spark_sink.clients import CLIENT_OPTION_PREFIX, client_options, keep_reader, shared_client, take_reader
 from spark_sink.offsets import NO_WATERMARK, Entry, Ledgers, PartitionKey, SourceOffset, share_limit
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ ROWS_PER_ARROW_BATCH = 8192
 MIN_ENTRIES_PER_SPLIT = 2000
 """A partition's range is cut for more tasks only into pieces of at least this many entries."""
 RECEIVER_QUEUE = 5000
+ADMIN_CALLS = 8
+"""Admin API calls the driver makes at once (each partition's end, every batch)."""
 DISCOVERY_INTERVAL_S = 10.0
 """How often new partitions, and topics matching `topicsPattern`, are looked for."""
 
@@ -438,21 +441,34 @@ def _timestamp_scalar(millis: int | None, arrow_type: Any) -> Any:
 
 
 def _read_range(options: SourceOptions, part: TopicRange, rows: _ArrowRows) -> Iterator[Any]:
-    """Executor: the data messages of one partition in (start, end], markers hidden, as record batches."""
+    """Executor: the data messages of one partition in (start, end], markers hidden, as record batches.
+
+    The reader is the one a previous task on this partition left in this worker if it stopped at
+    `start` or a little before (`spark_sink.clients.take_reader`), else a new one (a lookup and a
+    subscription on the broker, 5-100 ms); it is left open for the next batch once the range is
+    read, and closed if the task fails or stops early.
+    """
     import pulsar
 
     from watermark_core.protocol import MARKER_PROPERTY
 
     assert part.key is not None and part.end is not None
     name = partition_name(*part.key)
-    client = shared_client(options.settings(), options.client_options)
-    start_id = (
-        pulsar.MessageId.earliest if part.start is None else pulsar.MessageId(-1, part.start[0], part.start[1], -1)
-    )
-    with explained(service_url=options.service_url, topic=name, doing="read"):
-        reader = client.create_reader(
-            name, start_id, start_message_id_inclusive=False, receiver_queue_size=RECEIVER_QUEUE
-        )
+    settings = options.settings()
+    kept = take_reader(settings, options.client_options, name, part.start)
+    if kept is not None:
+        reader, message = kept.reader, kept.pending
+    else:
+        client = shared_client(settings, options.client_options)
+        start_id = (
+            pulsar.MessageId.earliest if part.start is None
+            else pulsar.MessageId(-1, part.start[0], part.start[1], -1)
+        )  # fmt: skip
+        with explained(service_url=options.service_url, topic=name, doing="read"):
+            reader = client.create_reader(
+                name, start_id, start_message_id_inclusive=False, receiver_queue_size=RECEIVER_QUEUE
+            )
+        message = None
     start = part.start or (-1, -1)
     end = part.end
     last_entry: Entry | None = None
@@ -460,20 +476,23 @@ def _read_range(options: SourceOptions, part: TopicRange, rows: _ArrowRows) -> I
     # The client's own reader under its Python wrapper: the same calls, without a wrapper object and
     # an extra Python frame per message and accessor.
     read_next = getattr(getattr(reader, "_reader", None), "read_next", None) or reader.read_next
+    done = False
     try:
         while True:
-            if last_entry == end and not reader.has_message_available():
-                break  # the end entry was the topic's last one (a batch whose size we cannot see)
-            try:
-                message = read_next(30_000)
-            except pulsar.Timeout:
-                raise RuntimeError(f"{name}: messages up to {end} were not readable within 30 s") from None
+            if message is None:
+                if last_entry == end and not reader.has_message_available():
+                    break  # the end entry was the topic's last one (a batch whose size we cannot see)
+                try:
+                    message = read_next(30_000)
+                except pulsar.Timeout:
+                    raise RuntimeError(f"{name}: messages up to {end} were not readable within 30 s") from None
             msg_id = message.message_id()
             entry = (msg_id.ledger_id(), msg_id.entry_id())
             if entry <= start:
+                message = None
                 continue
             if entry > end:
-                break
+                break  # `message` is the next range's first: kept with the reader
             properties = message.properties()
             batch_index = msg_id.batch_index()
             if MARKER_PROPERTY not in properties:
@@ -487,11 +506,16 @@ def _read_range(options: SourceOptions, part: TopicRange, rows: _ArrowRows) -> I
                 rows.add_properties(properties)
                 if len(values) >= ROWS_PER_ARROW_BATCH:
                     yield rows.batch()
+            message = None
             if entry == end and batch_index < 0:
                 break
             last_entry = entry
+        done = True
     finally:
-        reader.close()
+        if done:
+            keep_reader(settings, options.client_options, name, reader, end, message)
+        else:
+            reader.close()
     if len(rows):
         yield rows.batch()
 
@@ -518,6 +542,7 @@ class _DriverState:
         self._starts: dict[PartitionKey, Entry | None] | None = None
         self._consumers: dict[PartitionKey, Any] = {}
         self._loss_reported: set[PartitionKey] = set()
+        self._pool = ThreadPoolExecutor(ADMIN_CALLS, thread_name_prefix="pulsar-watermark-admin")
         self.partitions()
 
     # -- what is read --------------------------------------------------------------------------------
@@ -544,7 +569,6 @@ class _DriverState:
             keys += [(topic, index) for index in range(count)] if count else [(topic, -1)]
         new = [key for key in keys if key not in self._partitions]
         if new:
-
             topics_new = sorted({topic for topic, _ in new})
             with explained(service_url=self.options.service_url, topic=topics_new[0], doing="read watermark events of"):
                 self.follower.follow(topics_new)
@@ -590,14 +614,19 @@ class _DriverState:
     # -- ends, limits and the watermark ----------------------------------------------------------------
 
     def ends(self, keys: Sequence[PartitionKey]) -> dict[PartitionKey, Entry | None]:
-        """Each partition's last entry (from the admin API); its ledgers are kept for limits and splits."""
+        """Each partition's last entry (admin API, keep-alive connections, the partitions' calls side by side:
+        a batch waits for about one round trip, not one per partition); ledgers are kept for limits and splits."""
         from pulsar_access.admin import TopicNotFound, last_confirmed_entry
 
-        ends: dict[PartitionKey, Entry | None] = {}
-        for key in keys:
+        def stats_of(key: PartitionKey) -> dict[str, Any] | None:
             try:
-                stats = self.admin.internal_stats(partition_name(*key))
+                return self.admin.fast_internal_stats(partition_name(*key))
             except TopicNotFound:
+                return None
+
+        ends: dict[PartitionKey, Entry | None] = {}
+        for key, stats in zip(keys, self._pool.map(stats_of, keys), strict=True):
+            if stats is None:
                 self._lost(key, "its topic was deleted")
                 continue
             ledger, entry = last_confirmed_entry(stats)
@@ -686,7 +715,6 @@ class _DriverState:
         """A consumer per partition that only acknowledges (and so creates the subscription)."""
         import pulsar
 
-
         if key not in self._consumers:
             initial = (
                 pulsar.InitialPosition.Latest if self.options.starting_position == "latest"
@@ -714,6 +742,7 @@ class _DriverState:
         for consumer in self._consumers.values():
             consumer.close()
         self.client.close()
+        self._pool.shutdown()
         self.admin.close()
 
 
