@@ -24,7 +24,7 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import pulsar
 
@@ -41,6 +41,7 @@ from watermark_core.protocol import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 NO_WATERMARK_WARNING_S = 30.0
 _STOP = object()
@@ -188,25 +189,25 @@ class WatermarkConsumer:
         """The next data message; markers are acknowledged and skipped within the same timeout."""
         if self._listener is not None:
             raise RuntimeError("this consumer has a listener; messages go to it, not to receive()")
-        if timeout_millis is None:
-            message = self._on_consumer(lambda c: c.receive())
-        else:
-            deadline = time.monotonic() + timeout_millis / 1000
-            message = self._on_consumer(lambda c: c.receive(timeout_millis=timeout_millis))
+        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
+        message = self._receive_before(deadline)
         self._observe(message)
         properties = message.properties()
         while MARKER_PROPERTY in properties or self._is_seek_target(message, observed=True):
             if MARKER_PROPERTY in properties:
                 self._hide_marker(message, properties)
-            if timeout_millis is None:
-                message = self._on_consumer(lambda c: c.receive())
-            else:
-                left = max(0, int((deadline - time.monotonic()) * 1000))
-                message = self._on_consumer(lambda c, left=left: c.receive(timeout_millis=left))
+            message = self._receive_before(deadline)
             self._observe(message)
             properties = message.properties()
         self._note_lateness(message, self._feed.current)
         return message
+
+    def _receive_before(self, deadline: float | None) -> pulsar.Message:
+        """The Pulsar consumer's next message, waiting at most until `deadline` (None: as long as it takes)."""
+        if deadline is None:
+            return self._on_consumer(lambda c: c.receive())
+        left = max(0, int((deadline - time.monotonic()) * 1000))
+        return self._on_consumer(lambda c: c.receive(timeout_millis=left))
 
     def _on_message(self, _consumer: pulsar.Consumer, message: pulsar.Message) -> None:
         """Runs on the client's listener thread: hide markers, queue data for the dispatcher.
@@ -290,7 +291,7 @@ class WatermarkConsumer:
     def negative_acknowledge(self, message: Any) -> None:
         self._on_consumer(lambda c: c.negative_acknowledge(message))
 
-    def _on_consumer(self, action: Any) -> Any:
+    def _on_consumer(self, action: Callable[[pulsar.Consumer], T]) -> T:
         """`action(consumer)` on the current Pulsar consumer; once more on its successor if a seek replaced it
         meanwhile (`_renew`)."""
         self._subscribed.wait()
