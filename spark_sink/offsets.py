@@ -187,3 +187,25 @@ def share_limit(
         share = max(1, limit * behind // total)
         capped[key] = ledgers[key].advance(starts.get(key), share, end)
     return capped
+
+
+def group_pieces(sizes: Sequence[int], tasks: int, min_entries: int) -> list[list[int]]:
+    """Indexes of consecutive pieces (of `sizes` entries each) grouped into Spark tasks.
+
+    As many groups as `tasks` allows with at least `min_entries` entries each, but at least one, of
+    about equal entries. A batch of a few messages on many partitions is then one task, not one per
+    partition: each task is a round trip through a Python worker (tens of ms), and a single worker
+    finds its kept readers where the last batch left them.
+    """
+    if not sizes:
+        return []
+    total = sum(sizes)
+    count = max(1, min(tasks, len(sizes), total // max(1, min_entries)))
+    groups: list[list[int]] = [[] for _ in range(count)]
+    done = 0
+    for index, size in enumerate(sizes):
+        # the group this piece's middle falls in, by entries so far; never more than `count - 1`
+        group = min(count - 1, (2 * done + size) * count // (2 * total)) if total else 0
+        groups[group].append(index)
+        done += size
+    return [group for group in groups if group]

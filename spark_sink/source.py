@@ -35,7 +35,7 @@ from pyspark.sql.types import StructType
 from pulsar_access.errors import checked_admin_url, checked_service_url, explained
 from pulsar_access.topics import TopicName, base_topic_and_partition, full_name, is_watermark_topic, partition_name
 from spark_sink.clients import CLIENT_OPTION_PREFIX, client_options, keep_reader, shared_client, take_reader
-from spark_sink.offsets import NO_WATERMARK, Entry, Ledgers, PartitionKey, SourceOffset, share_limit
+from spark_sink.offsets import NO_WATERMARK, Entry, Ledgers, PartitionKey, SourceOffset, group_pieces, share_limit
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +246,14 @@ class TopicRange(InputPartition):
         self.watermark_row = watermark_row
 
 
+class ReadTask(InputPartition):
+    """One Spark task: the ranges it reads one after the other in one Python worker. Picklable."""
+
+    def __init__(self, ranges: Sequence[TopicRange]) -> None:
+        super().__init__(tuple(ranges))
+        self.ranges = tuple(ranges)
+
+
 def _present(watermark: int) -> int | None:
     return None if watermark == NO_WATERMARK else watermark
 
@@ -304,14 +312,17 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         watermark, late_below = _present(stop.watermark), _present(begin.watermark)
         moved = watermark is not None and stop.watermark > begin.watermark
         ranges = stop.ranges_after(begin)
-        pieces = self._state().split(ranges, self.options.min_partitions) if ranges else []
-        tasks: list[InputPartition] = [
+        state = self._state()
+        pieces = state.split(ranges, self.options.min_partitions) if ranges else []
+        reads = [
             TopicRange(key, first, last, watermark, late_below, moved and index == 0)
             for index, (key, first, last) in enumerate(pieces)
         ]
-        if moved and not tasks:
-            tasks.append(TopicRange(None, None, None, watermark, late_below, True))
-        return tasks
+        if moved and not reads:
+            reads.append(TopicRange(None, None, None, watermark, late_below, True))
+        sizes = [state.size(piece) for piece in pieces] or [0]
+        groups = group_pieces(sizes, self.options.min_partitions, MIN_ENTRIES_PER_SPLIT) if reads else []
+        return [ReadTask([reads[index] for index in group]) for group in groups]
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark finished every batch up to `end`: acknowledge the subscription up to there."""
@@ -323,13 +334,14 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._driver = None
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        """Executor: Arrow record batches of the range's data messages, markers hidden."""
-        assert isinstance(partition, TopicRange)
-        batches = _ArrowRows(self.schema, partition)
-        if partition.key is not None and partition.end is not None:
-            yield from _read_range(self.options, partition, batches)
-        if partition.watermark_row and partition.watermark is not None:
-            yield batches.watermark_row(partition.watermark)
+        """Executor: Arrow record batches of the task's ranges' data messages, markers hidden."""
+        assert isinstance(partition, ReadTask)
+        for part in partition.ranges:
+            batches = _ArrowRows(self.schema, part)
+            if part.key is not None and part.end is not None:
+                yield from _read_range(self.options, part, batches)
+            if part.watermark_row and part.watermark is not None:
+                yield batches.watermark_row(part.watermark)
 
 
 class _ArrowRows:
@@ -671,6 +683,11 @@ class _DriverState:
             else:
                 pieces += [(key, a, b) for a, b in self._ledgers_of(key).split(first, last, cuts)]
         return pieces
+
+    def size(self, piece: tuple[PartitionKey, Entry | None, Entry]) -> int:
+        """How many entries a range holds."""
+        key, first, last = piece
+        return self._ledgers_of(key).between(first, last)
 
     def _ledgers_of(self, key: PartitionKey) -> Ledgers:
         if key not in self.ledgers:  # a batch replayed after a restart

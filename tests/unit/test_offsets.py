@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spark_sink.offsets import NO_WATERMARK, Ledgers, SourceOffset, share_limit
+from spark_sink.offsets import NO_WATERMARK, Ledgers, SourceOffset, group_pieces, share_limit
 
 pytestmark = pytest.mark.unit
 
@@ -115,3 +115,17 @@ def test_a_limit_is_shared_in_proportion_to_the_backlog_across_ledgers() -> None
     assert share_limit(starts, ends, ledgers, 10_000) == ends  # under the limit: everything
     tiny = share_limit(starts, ends, ledgers, 1)  # every partition with a backlog moves by at least one entry
     assert tiny[(T, 0)] == (3, 5) and tiny[(T, 1)] == (4, 100)
+
+
+@given(st.lists(st.integers(0, 10_000), min_size=1, max_size=40), st.integers(1, 8), st.integers(1, 3000))
+def test_pieces_are_grouped_into_tasks_in_order_each_piece_once(sizes: list[int], tasks: int, least: int) -> None:
+    groups = group_pieces(sizes, tasks, least)
+    assert [index for group in groups for index in group] == list(range(len(sizes)))
+    assert 1 <= len(groups) <= max(1, min(tasks, sum(sizes) // least))
+
+
+def test_a_small_batch_is_one_task_and_a_large_one_is_shared_by_the_cores() -> None:
+    assert group_pieces([5, 5], tasks=2, min_entries=2000) == [[0, 1]]  # one Python worker round trip
+    assert group_pieces([50_000, 50_000], tasks=2, min_entries=2000) == [[0], [1]]
+    halves = group_pieces([100] * 1000, tasks=2, min_entries=2000)  # many partitions, few messages each
+    assert [len(group) for group in halves] == [500, 500]
