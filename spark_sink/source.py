@@ -320,7 +320,7 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ]
         if moved and not reads:
             reads.append(TopicRange(None, None, None, watermark, late_below, True))
-        sizes = [state.size(piece) for piece in pieces] or [0]
+        sizes = [state.size(piece) for piece in pieces] or [0]  # [0]: the watermark row's empty read
         groups = group_pieces(sizes, self.options.min_partitions, MIN_ENTRIES_PER_SPLIT) if reads else []
         return [ReadTask([reads[index] for index in group]) for group in groups]
 
