@@ -19,6 +19,7 @@ event-time watermark.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -348,9 +349,7 @@ class _ArrowRows:
     """Columns of one task's rows, handed to Spark as Arrow record batches of the source's schema."""
 
     def __init__(self, schema: StructType, part: TopicRange) -> None:
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        self.schema = to_arrow_schema(schema, timezone="UTC")
+        self.schema = _arrow_schema(schema)
         self.part = part
         self.topic = part.key[0] if part.key else None
         self.partition = part.key[1] if part.key else None
@@ -437,6 +436,14 @@ class _ArrowRows:
             for field in self.schema
         ]  # fmt: skip
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+
+@functools.lru_cache(maxsize=8)
+def _arrow_schema(schema: StructType) -> Any:
+    """The source's schema as Arrow's, converted once per worker, not once per range a task reads."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")
 
 
 def _timestamps(millis: Any, arrow_type: Any) -> Any:
