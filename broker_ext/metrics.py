@@ -48,6 +48,14 @@ class GeneratorMetrics:
         self.watermarks_published = Counter(
             "wm_watermarks_published", "SendWatermark events published", sub, registry=self.registry
         )
+        self.rebuild_reads = Counter(
+            "wm_rebuild_reads", "Reads a rebuild made, by kind: a snapshot of the chain, or a range of entries",
+            [*part, "kind"], registry=self.registry,
+        )  # fmt: skip
+        self.rebuild_entries_read = Counter(
+            "wm_rebuild_entries_read", "Entries the rebuilds' range reads were delivered", part,
+            registry=self.registry,
+        )  # fmt: skip
         self.admin_calls = Counter(
             "wm_admin_calls", "Admin API calls made to follow cursors, by call", ["call"], registry=self.registry
         )

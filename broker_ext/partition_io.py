@@ -33,6 +33,7 @@ from broker_ext.engine.vocabulary import (
     OwnershipLost,
     PollCursors,
     PublishTable,
+    RangeRead,
     ReadLag,
     ReadMarkerAt,
     ReadRange,
@@ -267,6 +268,12 @@ class PartitionIO:
     def _read(self, read: Callable[[], Event]) -> None:
         def work() -> None:
             result = read()
+            labels = (self.base_topic, str(self.partition))
+            if isinstance(result, RangeRead):
+                self.ctx.metrics.rebuild_reads.labels(*labels, "range").inc()
+                self.ctx.metrics.rebuild_entries_read.labels(*labels).inc(result.entries)
+            else:
+                self.ctx.metrics.rebuild_reads.labels(*labels, "snapshot").inc()
             self.ctx.loop.post(lambda: self.handle(result))
 
         self.ctx.pool.submit(work)

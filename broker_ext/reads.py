@@ -35,12 +35,13 @@ def decode(message: pulsar.Message, position: Position) -> Marker | None:
     return decode_marker(properties, message.data(), message.producer_name(), position, message.publish_timestamp())
 
 
-def _open(client: pulsar.Client, topic: str, start: Position, inclusive: bool) -> pulsar.Reader:
+def _open(client: pulsar.Client, topic: str, start: Position, inclusive: bool, queue: int = 1000) -> pulsar.Reader:
+    """A reader from `start`; `queue` bounds what the broker sends ahead of what is read (and reads for it)."""
     start_id = (
         pulsar.MessageId.earliest if start == BEFORE_EVERYTHING
         else pulsar.MessageId(-1, start[0], start[1], start[2])
     )  # fmt: skip
-    return client.create_reader(topic, start_id, start_message_id_inclusive=inclusive)
+    return client.create_reader(topic, start_id, start_message_id_inclusive=inclusive, receiver_queue_size=queue)
 
 
 def read_range(client: pulsar.Client, admin: PulsarAdmin, topic: str, command: ReadRange) -> RangeRead:
@@ -59,6 +60,7 @@ def read_range(client: pulsar.Client, admin: PulsarAdmin, topic: str, command: R
     deadline = time.monotonic() + FOLD_READ_LIMIT_S
     first: Position | None = None
     markers: list[Marker] = []
+    entries = 0
     try:
         while True:
             try:
@@ -72,6 +74,7 @@ def read_range(client: pulsar.Client, admin: PulsarAdmin, topic: str, command: R
                         f"{FOLD_READ_LIMIT_S:.0f} s although the broker has more"
                     ))  # fmt: skip
                 continue
+            entries += 1
             position = message_position(message)
             if first is None:
                 first = position
@@ -88,7 +91,7 @@ def read_range(client: pulsar.Client, admin: PulsarAdmin, topic: str, command: R
         ledgers: frozenset[int] = frozenset()
         if first is not None and start != BEFORE_EVERYTHING and first[0] != start[0]:
             ledgers = frozenset(int(info["ledgerId"]) for info in admin.internal_stats(topic).get("ledgers", []))
-        return RangeRead(command.request, first, tuple(markers), ledgers)
+        return RangeRead(command.request, first, tuple(markers), ledgers, entries=entries)
     except Exception as exc:  # a broker away, an admin call failing: the engine retries later
         return RangeRead(command.request, None, (), frozenset(), error=f"{type(exc).__name__}: {exc}")
     finally:
@@ -100,7 +103,7 @@ def read_marker_at(client: pulsar.Client, topic: str, command: ReadMarkerAt) -> 
     """The marker at one position (a link of the snapshot chain); None when it is not there (deleted)."""
     position = command.position
     try:
-        reader = _open(client, topic, position, inclusive=True)
+        reader = _open(client, topic, position, inclusive=True, queue=1)  # one entry wanted: none read ahead
     except pulsar.PulsarException as exc:
         return MarkerFetched(command.request, position, None, error=f"{type(exc).__name__}: {exc}")
     try:

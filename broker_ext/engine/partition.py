@@ -607,6 +607,7 @@ class PartitionEngine:
                 rebuild.start = (WatermarkState.initial(self.config.watermark), BEFORE_EVERYTHING)
             else:
                 rebuild.start = (step.state, step.at)
+            self.catalog.remember(rebuild.found)
         state, at = rebuild.start
         if at >= rebuild.stop:
             self._finish(rebuild, state, at, out, now)

@@ -26,6 +26,13 @@ BEFORE_EVERYTHING: Position = (-1, -1, -1)
 KEEP_SNAPSHOTS = 100
 """Snapshots a catalog keeps (those stating the latest positions); older ones are found by the chain."""
 
+KEEP_WALKED = 100
+"""Older snapshots a catalog keeps of those a chain walk read, thinned evenly beyond this many.
+
+A subscription far behind (a query's new one at the start of a backlog) acknowledges in steps, and
+every step is a rebuild; keeping what the first walk found lets each later step read on from a
+snapshot near it instead of walking the chain back again (one reader per link)."""
+
 
 def ledger_start(ledger: int) -> Position:
     """The position before a ledger's first entry: after every entry of the ledgers before it."""
@@ -118,11 +125,13 @@ class SnapshotCatalog:
 
     Each snapshot names the one written before it (`previous`), so the snapshots form a chain in
     write order. The catalog keeps the `KEEP_SNAPSHOTS` stating the latest positions; a rebuild
-    for an earlier position walks back the chain from the earliest one kept.
+    for an earlier position walks back the chain from the earliest one kept, and the catalog keeps
+    up to `KEEP_WALKED` of the older snapshots walks read (`remember`).
     """
 
     def __init__(self) -> None:
         self._by_at: list[Snapshot] = []
+        self._walked: list[Snapshot] = []
         self.last_written: Position | None = None
         """Where the engine's latest snapshot landed (it may not have been read back yet)."""
 
@@ -135,6 +144,15 @@ class SnapshotCatalog:
         self._by_at.append(snapshot)
         self._by_at.sort(key=lambda s: s.at)
         del self._by_at[:-KEEP_SNAPSHOTS]
+
+    def remember(self, found: Iterable[Snapshot]) -> None:
+        """Keep older snapshots a chain walk read, evenly thinned to `KEEP_WALKED` (the earliest stays: the
+        chain goes on from it)."""
+        known = {s.message for s in (*self._by_at, *self._walked)}
+        self._walked.extend(s for s in found if s.message not in known)
+        self._walked.sort(key=lambda s: s.at)
+        while len(self._walked) > KEEP_WALKED:
+            self._walked = self._walked[::2]
 
     def previous_for_next(self) -> Position | None:
         """The `previous` of the next snapshot written: the latest one in the log that we know of."""
@@ -152,7 +170,7 @@ class SnapshotCatalog:
         `visited` the links it read. None: the chain ends (its first snapshot, a link already
         visited, or nothing known), so the state there is folded from the partition's start.
         """
-        known = [*self._by_at, *found]
+        known = [*self._by_at, *self._walked, *found]
         candidates = [s for s in known if s.at <= target]
         if candidates:
             return max(candidates, key=lambda s: s.at)

@@ -94,7 +94,8 @@ class RangeRead:
 
     `first` is the first entry the reader delivered after `start` (None: it delivered nothing);
     `markers` the markers it read in (start, stop], in order; `ledgers` the partition's ledger ids
-    as the admin API lists them after the read. `error` is set when the read failed.
+    as the admin API lists them after the read. `error` is set when the read failed. `entries` counts
+    the messages the reader delivered (what the read cost the broker; a metric, not used by the engine).
     """
 
     request: int
@@ -102,6 +103,7 @@ class RangeRead:
     markers: tuple[Marker, ...]
     ledgers: frozenset[int]
     error: str | None = None
+    entries: int = 0
 
 
 @dataclass(frozen=True)

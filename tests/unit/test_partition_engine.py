@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from broker_ext.engine import AwaitingCursor, EngineConfig, Following, PartitionEngine, TakingOver, Unowned
-from broker_ext.engine.recovery import BEFORE_EVERYTHING, ledger_start, normalized_cursor
+from broker_ext.engine.recovery import BEFORE_EVERYTHING, KEEP_SNAPSHOTS, ledger_start, normalized_cursor
 from broker_ext.engine.vocabulary import (
     AcknowledgeUpTo,
     BrokenAssertion,
@@ -256,6 +256,34 @@ def test_the_chain_walk_reads_back_to_the_nearest_snapshot_before_the_target() -
     read = of(world, ReadRange)[0]
     assert BEFORE_EVERYTHING < read.start <= positions[3], "from the snapshot nearest before it, not the start"
     assert world.latest("sub").event_time == 30  # type: ignore[union-attr]
+
+
+def test_a_subscription_far_behind_that_moves_forward_walks_the_snapshot_chain_once() -> None:
+    """A query's new subscription at the start of a long backlog acknowledges it in steps (one per batch).
+
+    Every step is a rebuild (the marker log does not reach back there); walking the chain back again
+    for each one read hundreds of snapshots per step and halved the broker's reads for the query itself
+    (docs/DECISIONS.md, the steady rate). The snapshots a walk found are kept, so later steps start near.
+    """
+    world = World(config=EngineConfig(snapshot_interval_messages=2))
+    first_owner(world)
+    positions = []
+    for i in range(KEEP_SNAPSHOTS * 3):
+        positions.append(world.w_set("E", 10_000 + i))
+        world.data("E", 10_000 + i)
+        world.settle()
+    ack(world, "query", positions[5])
+    world.settle()
+    assert of(world, ReadMarkerAt), "the first rebuild walks the chain back"
+    assert world.latest("query").event_time == 10_005  # type: ignore[union-attr]
+    for step in (40, 90, 150):
+        world.commands.clear()
+        ack(world, "query", positions[step])
+        world.settle()
+        assert not of(world, ReadMarkerAt), f"step to {step}: the chain was walked again"
+        read = of(world, ReadRange)[0]
+        assert positions[step - 10] < read.start <= positions[step], f"step to {step}: read from {read.start}"
+        assert world.latest("query").event_time == 10_000 + step  # type: ignore[union-attr]
 
 
 def test_a_rebuild_from_the_start_after_an_entry_read_before_is_refused() -> None:
