@@ -639,6 +639,8 @@ class PartitionEngine:
         state, at = rebuild.start
         reason = refusal(at, read.first, read.ledgers, self.earliest_read)
         if reason is not None:
+            if at != BEFORE_EVERYTHING:
+                self.catalog.forget_walked_through(at[0])
             self._refuse(rebuild, reason, now, out)
             return
         folded = 0

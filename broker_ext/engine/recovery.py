@@ -154,6 +154,13 @@ class SnapshotCatalog:
         while len(self._walked) > KEEP_WALKED:
             self._walked = self._walked[::2]
 
+    def forget_walked_through(self, ledger: int) -> None:
+        """Drop the kept walked snapshots stating positions in `ledger` or before: it was deleted (the ones
+        before it too: Pulsar deletes the oldest ledgers), so a fold from them is refused. Without them the
+        next rebuild walks the chain again and finds the snapshot at the start of a ledger that is left
+        (it may have been thinned away)."""
+        self._walked = [s for s in self._walked if s.at[0] > ledger]
+
     def previous_for_next(self) -> Position | None:
         """The `previous` of the next snapshot written: the latest one in the log that we know of."""
         messages = [s.message for s in self._by_at]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker_ext.engine import AwaitingCursor, EngineConfig, Following, PartitionEngine, TakingOver, Unowned
+from broker_ext.engine import AwaitingCursor, EngineConfig, Following, PartitionEngine, TakingOver, Unowned, recovery
 from broker_ext.engine.recovery import BEFORE_EVERYTHING, KEEP_SNAPSHOTS, ledger_start, normalized_cursor
 from broker_ext.engine.vocabulary import (
     AcknowledgeUpTo,
@@ -284,6 +284,34 @@ def test_a_subscription_far_behind_that_moves_forward_walks_the_snapshot_chain_o
         read = of(world, ReadRange)[0]
         assert positions[step - 10] < read.start <= positions[step], f"step to {step}: read from {read.start}"
         assert world.latest("query").event_time == 10_000 + step  # type: ignore[union-attr]
+
+
+def test_a_kept_snapshot_in_a_deleted_ledger_is_dropped_and_the_chain_walked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A walk's snapshots are kept thinned: the nearest one kept before a later target can lie in a ledger
+    deleted since, while the ledger-start snapshot of the target's own ledger was thinned away. The
+    refused rebuild drops the kept snapshots of that ledger, so the retry walks the chain (no stuck watermark)."""
+    monkeypatch.setattr(recovery, "KEEP_WALKED", 4)  # thin hard: ledger-start snapshots are dropped
+    world = World(config=EngineConfig(snapshot_interval_messages=2))
+    first_owner(world)
+    positions = []
+    for i in range(KEEP_SNAPSHOTS + 60):
+        if i == 80:
+            old = world.ledger
+            world.roll()
+        positions.append(world.w_set("E", 10_000 + i))
+        world.data("E", 10_000 + i)
+        world.settle()
+    ack(world, "slow", positions[5])
+    world.settle()
+    assert world.latest("slow").event_time == 10_005  # type: ignore[union-attr]
+    world.delete_ledger(old)  # every cursor passes it: the generator's, and the slow one's next step
+    ack(world, "slow", positions[80])  # the new ledger's first entry
+    for _ in range(8):
+        world.tick(11.0)  # the retries' back-off
+        world.settle()
+    assert world.latest("slow").event_time == 10_080  # type: ignore[union-attr]
 
 
 def test_a_rebuild_from_the_start_after_an_entry_read_before_is_refused() -> None:
