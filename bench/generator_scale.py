@@ -86,8 +86,10 @@ def idle_cost(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmi
         gen = Generator(settings, namespace, log_dir)
         try:
             takeover = gen.wait_published(topics * partitions, within_s=600)
-            say(f"  {topics * partitions} partitions taken over in {takeover:.1f} s; settling {SETTLE_S:.0f} s, "
-                f"then {IDLE_S:.0f} s idle")
+            say(
+                f"  {topics * partitions} partitions taken over in {takeover:.1f} s; settling {SETTLE_S:.0f} s, "
+                f"then {IDLE_S:.0f} s idle"
+            )
             time.sleep(SETTLE_S)
             before = gen.cpu_seconds()
             time.sleep(IDLE_S)

@@ -161,7 +161,8 @@ class WatermarkDispatcher:
                 log.error(
                     "the watermark namespace %s is missing or not open to this generator's role (%s); as an admin, "
                     "create it and grant the generator produce,consume and the applications consume there "
-                    "(docs/SECURITY.md), or set --watermark-namespace / WM_WATERMARK_NAMESPACE", self._namespace,
+                    "(docs/SECURITY.md), or set --watermark-namespace / WM_WATERMARK_NAMESPACE",
+                    self._namespace,
                     missing,
                 )
         self._namespace_checked = True

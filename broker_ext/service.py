@@ -64,7 +64,12 @@ class GeneratorService:
         self.pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="wm-io")
         self.admin_pool = ThreadPoolExecutor(ADMIN_THREADS, thread_name_prefix="wm-admin")
         self.dispatcher = WatermarkDispatcher(
-            self.client, self.admin, config.instance_id, self.metrics, self.loop, self.pool,
+            self.client,
+            self.admin,
+            config.instance_id,
+            self.metrics,
+            self.loop,
+            self.pool,
             config.watermark_namespace,
         )
         self.poller = CursorPoller(

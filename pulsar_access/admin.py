@@ -288,8 +288,10 @@ class PulsarAdmin:
 
         A hundredth of `partitioned_brief_stats`' size for 100 partitions: what a change detector reads first.
         """
-        return dict(self._get(f"{TopicName.parse(topic).rest_path}/partitioned-stats",
-                              {**BRIEF_STATS, "perPartition": "false"}) or {})  # the broker's default is true
+        return dict(
+            self._get(f"{TopicName.parse(topic).rest_path}/partitioned-stats", {**BRIEF_STATS, "perPartition": "false"})
+            or {}
+        )  # the broker's default is true
 
     def fast_internal_stats(self, topic: str) -> dict[str, Any]:
         """`internal_stats` on the plain connection."""

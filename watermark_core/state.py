@@ -246,4 +246,3 @@ def _advance(watermark: int | None, active: Mapping[str, int]) -> int | None:
         return watermark
     candidate = min(active.values())
     return candidate if watermark is None else max(watermark, candidate)
-

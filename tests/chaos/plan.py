@@ -153,9 +153,7 @@ def plan_scenario(
     )
 
 
-def with_hard_faults(
-    seed: int, faults: tuple[Fault, ...], *, kill_share: float, cut_share: float
-) -> tuple[Fault, ...]:
+def with_hard_faults(seed: int, faults: tuple[Fault, ...], *, kill_share: float, cut_share: float) -> tuple[Fault, ...]:
     """`faults` with, at the chance of each share, one fault replaced by a `kill -9` of the broker and one by a
     cut of the generator (`CUT_S` seconds, then the connections survive or are reset).
 

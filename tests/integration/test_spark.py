@@ -80,7 +80,6 @@ def _produce(producer: WatermarkProducer, keys: list[str], start_s: int, stop_s:
     return truth
 
 
-
 def one_per_second(producer: WatermarkProducer, seconds: int, final: int) -> None:
     """One message with key "k" and a W_SET per event-time second from BASE, then a final W_SET."""
     producer.new_watermark().event_time(BASE).send()
@@ -88,6 +87,7 @@ def one_per_second(producer: WatermarkProducer, seconds: int, final: int) -> Non
         producer.send(b"x", partition_key="k", event_timestamp=BASE + second * 1000)
         producer.new_watermark().event_time(BASE + second * 1000).send()
     producer.new_watermark().event_time(final).send()
+
 
 @pytest.mark.usefixtures("generator")
 def test_windowed_counts_equal_the_ground_truth_across_a_restart(

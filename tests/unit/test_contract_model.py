@@ -213,4 +213,3 @@ def test_the_reference_itself() -> None:
     assert expected.watermarks == [10, 10, 10, 10, 30, 30, 50, 50]
     assert expected.active[6] == {"b": 50} and expected.active[7] == {}
     assert [s.watermark for s in fold(markers, WatermarkState.initial(config))[1:]] == expected.watermarks
-

@@ -59,10 +59,26 @@ def test_the_sweep_reads_durable_subscriptions_the_owner_and_a_fingerprint() -> 
     seen = detected(STATS)
     assert seen.durable == {"app"}
     assert seen.active == "0000abcd.gen-a"
-    acked = {**STATS, "subscriptions": {**STATS["subscriptions"], "app": {"msgBacklog": 1,  # type: ignore[dict-item]
-                                                                          "lastMarkDeleteAdvancedTimestamp": 1800}}}
-    sought = {**STATS, "subscriptions": {**STATS["subscriptions"], "app": {"msgBacklog": 7,  # type: ignore[dict-item]
-                                                                           "lastMarkDeleteAdvancedTimestamp": 1700}}}
+    acked = {
+        **STATS,
+        "subscriptions": {
+            **STATS["subscriptions"],
+            "app": {
+                "msgBacklog": 1,  # type: ignore[dict-item]
+                "lastMarkDeleteAdvancedTimestamp": 1800,
+            },
+        },
+    }
+    sought = {
+        **STATS,
+        "subscriptions": {
+            **STATS["subscriptions"],
+            "app": {
+                "msgBacklog": 7,  # type: ignore[dict-item]
+                "lastMarkDeleteAdvancedTimestamp": 1700,
+            },
+        },
+    }
     published = {**STATS, "msgInCounter": 13}
     fingerprints = {detected(s).fingerprint for s in (STATS, acked, sought, published)}
     assert len(fingerprints) == 4, "an ack, a seek (backlog only) and a publish each change it"

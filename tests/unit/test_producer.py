@@ -285,6 +285,7 @@ def test_a_live_producer_is_never_expired_by_a_producer_whose_clock_runs_ahead_w
 
 # -- issue #17, 4: the keepalive re-sends what the log says, transactions included --------------------------
 
+
 def folded(sent: list[Sent], config: WatermarkConfig | None = None) -> WatermarkState:
     """What the generator makes of the markers the writer sent (producer "p1", publish time = `at`)."""
     state = WatermarkState.initial(config or WatermarkConfig(producer_timeout_ms=10**9, txn_timeout_ms=10**9))
@@ -405,6 +406,7 @@ def test_the_producer_keeps_alive_exactly_what_the_log_says_it_asserts(
 
 
 # -- issue #17, 5: ingestion-time stamps and the W_SET ticker are ordered -----------------------------------
+
 
 class SharedLog:
     """The order in which data and markers are handed to Pulsar: the order the log will have."""
