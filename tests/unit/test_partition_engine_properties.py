@@ -8,12 +8,13 @@ and come back, the cursors are polled, time passes, and other instances take the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker_ext.engine import EngineConfig, Following
+from broker_ext.engine import EngineConfig, Following, recovery
 from tests.unit.partition_world import World
 from watermark_core.protocol import Position, entry_end
 
@@ -185,4 +186,33 @@ def test_a_new_owner_rebuilds_the_state_at_any_earlier_position_through_the_snap
         event = run.world.latest("s1")
         truth = run.world.watermark_at(run.world.subscriptions["s1"])
         assert (event.event_time if event else None) == truth
+    check_every_value_published(run.world)
+
+
+@RELAXED
+@given(
+    st.lists(st.tuples(st.sampled_from(("set", "set", "idle", "data", "data", "roll")), st.sampled_from(PRODUCERS),
+                       st.integers(0, 1_000)), min_size=10, max_size=80),
+    st.lists(st.floats(0, 1), min_size=2, max_size=6),
+    st.integers(1, 4),
+    st.integers(1, 3),
+)  # fmt: skip
+def test_a_subscription_far_behind_moving_in_steps_gets_the_fold_of_the_log_at_each_with_a_small_catalog(
+    writes: list[tuple[str, str, int]], moves: list[float], keep: int, keep_walked: int
+) -> None:
+    """A query's new subscription at an early position, acknowledging forward in steps (and now and then
+    back): few snapshots kept, so its rebuilds walk the chain, and what walks find kept thinned hard
+    (recovery.KEEP_WALKED). Each step's watermark is the fold of the log there."""
+    script: list[Step] = []
+    for kind, producer, value in writes:
+        script += [(kind, producer, value) if kind != "roll" else ("roll",), ("deliver", 10)]
+    with mock.patch.object(recovery, "KEEP_SNAPSHOTS", keep), mock.patch.object(recovery, "KEEP_WALKED", keep_walked):
+        run = play([*script, ("tick", 11.0), ("deliver", 1_000)], interval=2)
+        run.world.settle()
+        for fraction in moves:
+            run.world.subscriptions["query"] = run.position(fraction)
+            run.world.settle()
+            event = run.world.latest("query")
+            truth = run.world.watermark_at(run.world.subscriptions["query"])
+            assert (event.event_time if event else None) == truth, run.world.subscriptions["query"]
     check_every_value_published(run.world)
