@@ -193,24 +193,34 @@ def test_a_new_owner_rebuilds_the_state_at_any_earlier_position_through_the_snap
 @given(
     st.lists(st.tuples(st.sampled_from(("set", "set", "idle", "data", "data", "roll")), st.sampled_from(PRODUCERS),
                        st.integers(0, 1_000)), min_size=10, max_size=80),
-    st.lists(st.floats(0, 1), min_size=2, max_size=6),
+    st.lists(st.tuples(st.floats(0, 1), st.booleans()), min_size=2, max_size=6),
     st.integers(1, 4),
     st.integers(1, 3),
 )  # fmt: skip
 def test_a_subscription_far_behind_moving_in_steps_gets_the_fold_of_the_log_at_each_with_a_small_catalog(
-    writes: list[tuple[str, str, int]], moves: list[float], keep: int, keep_walked: int
+    writes: list[tuple[str, str, int]], moves: list[tuple[float, bool]], keep: int, keep_walked: int
 ) -> None:
     """A query's new subscription at an early position, acknowledging forward in steps (and now and then
     back): few snapshots kept, so its rebuilds walk the chain, and what walks find kept thinned hard
-    (recovery.KEEP_WALKED). Each step's watermark is the fold of the log there."""
+    (recovery.KEEP_WALKED). Now and then the ledgers every cursor passed are deleted (no retention).
+    Each step's watermark is the fold of the log there."""
     script: list[Step] = []
     for kind, producer, value in writes:
         script += [(kind, producer, value) if kind != "roll" else ("roll",), ("deliver", 10)]
     with mock.patch.object(recovery, "KEEP_SNAPSHOTS", keep), mock.patch.object(recovery, "KEEP_WALKED", keep_walked):
         run = play([*script, ("tick", 11.0), ("deliver", 1_000)], interval=2)
         run.world.settle()
-        for fraction in moves:
-            run.world.subscriptions["query"] = run.position(fraction)
+        deleted = False
+        for fraction, delete_passed in moves:
+            target = run.position(fraction)
+            if deleted:  # what was deleted cannot be moved back to
+                target = max(target, run.world.subscriptions["query"])
+            run.world.subscriptions["query"] = target
+            if delete_passed:
+                deleted = True
+                lowest = min(run.world.generator_cursor, *run.world.subscriptions.values())
+                for ledger in [ledger for ledger in run.world.ledgers if ledger < lowest[0]]:
+                    run.world.delete_ledger(ledger)
             run.world.settle()
             event = run.world.latest("query")
             truth = run.world.watermark_at(run.world.subscriptions["query"])
