@@ -459,12 +459,16 @@ class LocalCluster:
         _signal_group(pid, signal.SIGKILL)
         while _pid_alive(pid):
             time.sleep(0.1)
-        # the dead broker's connections linger in the kernel until their peers close them (FIN_WAIT2, at most
-        # tcp_fin_timeout, 60 s): wait until its ports can be bound again, so that `up()` can start it
+        self._wait_ports_free()
+        say(f"killed Pulsar (pid {pid}) with SIGKILL")
+
+    def _wait_ports_free(self) -> None:
+        """A broker's connections linger in the kernel after it is gone until their peers close them
+        (FIN_WAIT2, at most tcp_fin_timeout, 60 s): wait until its ports can be bound again, so that
+        `up()` can start it on them (a restart)."""
         deadline = time.monotonic() + 90
         while not all(port_free(p) for p in (self.broker_port, self.web_port)) and time.monotonic() < deadline:
             time.sleep(0.5)
-        say(f"killed Pulsar (pid {pid}) with SIGKILL")
 
     def stop_generator(self) -> None:
         self._stop("generator", grace_s=10)
@@ -472,6 +476,8 @@ class LocalCluster:
     def down(self) -> None:
         """Stop the generator and the broker by their recorded process ids."""
         stopped = [name for name in ("generator", "pulsar") if self._stop(name, grace_s=30)]
+        if "pulsar" in stopped:
+            self._wait_ports_free()  # a broker that needed SIGKILL (a slow shutdown) leaves them bound a while
         say("stopped " + ", ".join(stopped) if stopped else "nothing was running")
 
     def _stop(self, name: str, grace_s: float) -> bool:
