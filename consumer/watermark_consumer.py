@@ -74,8 +74,6 @@ class WatermarkConsumer:
         self.malformed_markers: Counter[str] = Counter()
         self._late: weakref.WeakSet[pulsar.Message] = weakref.WeakSet()
         self._delivered: Watermark | None = None
-        self._last_received: tuple[Any, tuple[int, Position]] | None = None
-        """The message `receive` returned last and its position: an acknowledgement of it follows."""
         self._wake_queued = threading.Event()
         self._closed = False
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=subscribe_options.get("receiver_queue_size", 1000))
@@ -153,10 +151,7 @@ class WatermarkConsumer:
         return partition, position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
 
     def _observe(self, message: pulsar.Message, *, queued: bool = False) -> None:
-        where = self._position(message)
-        if not queued:
-            self._last_received = (message, where)
-        self._feed.observe(*where, queued=queued)
+        self._feed.observe(*self._position(message), queued=queued)
 
     def _hide_marker(self, message: pulsar.Message, properties: dict[str, str]) -> None:
         """Acknowledge and drop a marker, counting (and logging once per kind) a malformed one."""
@@ -206,13 +201,6 @@ class WatermarkConsumer:
             properties = message.properties()
         self._note_lateness(message, self._feed.current)
         return message
-
-    def _position_of_received(self, message: Any) -> tuple[int, Position]:
-        """`_position`, reusing the one computed when `message` was last received (acknowledged right after)."""
-        last = self._last_received
-        if last is not None and last[0] is message:
-            return last[1]
-        return self._position(message)
 
     def _receive_before(self, deadline: float | None) -> pulsar.Message:
         """The Pulsar consumer's next message, waiting at most until `deadline` (None: as long as it takes)."""
@@ -290,7 +278,7 @@ class WatermarkConsumer:
     def acknowledge(self, message: Any) -> None:
         """Acknowledge a message or message id; held back while it would let the subscription pass a
         position it moved back to before the watermark recomputed there has arrived (then sent)."""
-        partition, position = self._position_of_received(message)
+        partition, position = self._position(message)
         self._feed.acknowledge(partition, position, lambda: self._on_consumer(lambda c: c.acknowledge(message)))
 
     def acknowledge_cumulative(self, message: Any) -> None:
