@@ -294,8 +294,7 @@ class WatermarkConsumer:
     def _on_consumer(self, action: Callable[[pulsar.Consumer], T]) -> T:
         """`action(consumer)` on the current Pulsar consumer; once more on its successor if a seek replaced it
         meanwhile (`_renew`)."""
-        if not self._subscribed.is_set():  # a flag read; `wait()` takes a lock on every message
-            self._subscribed.wait()
+        self._subscribed.wait()
         consumer = self._consumer
         try:
             return action(consumer)

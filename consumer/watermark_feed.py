@@ -37,7 +37,7 @@ from watermark_core.protocol import (
     decode_head,
     decode_table,
 )
-from watermark_core.trust import Computed, Entry, WatermarkTrust
+from watermark_core.trust import Entry, WatermarkTrust
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +95,6 @@ class WatermarkFeed:
         self._follow_new_partitions = partitions is None and own_partition == -1 and indexes != [-1]
         self._partition_refresh_s = partition_refresh_s
         self._trust = WatermarkTrust(indexes)
-        self._sole: int | None = indexes[0] if len(indexes) == 1 else None
-        """The one partition followed, if only one: what a message id's partition index -1 stands for."""
         self._cond = threading.Condition()
         self._held: dict[int, list[Send]] = {}
         self._distrusted_since: dict[int, float] = {}
@@ -128,10 +126,11 @@ class WatermarkFeed:
 
     def partition_of(self, index: int) -> int:
         """Our name of a message id's partition index (-1 from a consumer of one partition topic)."""
-        if index >= 0:
-            return index
-        sole = self._sole  # one attribute read: no lock on the message path
-        return sole if sole is not None else index
+        with self._cond:
+            known = self._trust.partitions
+        if index < 0 and len(known) == 1:
+            return known[0]
+        return index
 
     def listener_watermark(self, delivered: Watermark | None) -> Watermark | None:
         """What a listener that holds `delivered` may hold now (see `WatermarkTrust.listener_watermark`)."""
@@ -153,30 +152,25 @@ class WatermarkFeed:
         """A message (data or marker) arrived at `position`, before anyone sees it; `queued`: it waits for
         the listener (then `handed_over`)."""
         with self._cond:
-            if not self._trust.follows(partition):
-                self._add_partition(partition)
-                before = None
-            else:
-                before = self._view(partition)
+            if partition not in self._trust.partitions:
+                self._trust.add_partition(partition)
             self._trust.on_message(partition, position, queued=queued)
-            released, changed = self._settle_after(partition, before)
+            released, changed = self._settle()
         self._after(released, changed)
 
     def handed_over(self, partition: int, position: Position) -> None:
         """A queued message is being handed to the listener (see `WatermarkTrust.on_handed_over`)."""
         with self._cond:
-            if not self._trust.follows(partition):
+            if partition not in self._trust.partitions:
                 return
-            before = self._view(partition)
             self._trust.on_handed_over(partition, position)
-            released, changed = self._settle_after(partition, before)
+            released, changed = self._settle()
         self._after(released, changed)
 
     def acknowledge(self, partition: int, position: Position, send: Send, *, cumulative: bool = False) -> None:
         """Acknowledge with `send()` now, or later if the trust rule holds it back (it covers the floor)."""
         with self._cond:
-            before = self._view(partition) if self._trust.follows(partition) else None
-            if before is None:
+            if partition not in self._trust.partitions:
                 hold = False
             elif cumulative:
                 hold = self._trust.on_acknowledged_through(partition, position)
@@ -184,7 +178,7 @@ class WatermarkFeed:
                 hold = self._trust.on_acknowledged(partition, position)
             if hold:
                 self._held.setdefault(partition, []).append(send)
-            released, changed = self._settle_after(partition, before)
+            released, changed = self._settle()
         if not hold:
             send()
         self._after(released, changed)
@@ -201,7 +195,7 @@ class WatermarkFeed:
         """The consumer sought these partitions (None: all) to `target` (None: unknown, by publish time)."""
         with self._cond:
             chosen = self._trust.partitions if partitions is None else list(partitions)
-            self._trust.on_seek([p for p in chosen if self._trust.follows(p)], target)
+            self._trust.on_seek([p for p in chosen if p in self._trust.partitions], target)
             released, changed = self._settle(changed=True)
         self._after(released, changed)
 
@@ -226,33 +220,6 @@ class WatermarkFeed:
         if changed:
             self._cond.notify_all()
         return released, changed
-
-    def _view(self, partition: int) -> tuple[Computed | None, Entry | None]:
-        """What `_settle`'s results depend on in one partition: the event it holds (by identity) and its floor."""
-        state = self._trust.state(partition)
-        return state.held, state.floor
-
-    def _settle_after(
-        self, partition: int, before: tuple[Computed | None, Entry | None] | None
-    ) -> tuple[list[Send], bool]:
-        """`_settle` after an input to one partition, skipped when it changed nothing `_settle` depends on.
-
-        Most messages and acknowledgements change neither the held event nor the floor; walking every
-        partition and recomputing the minimum for each of them cost most of the consumer's own time.
-        """
-        if before is not None and not self._trust.regained_pending:
-            held, floor = before
-            state = self._trust.state(partition)
-            if state.held is held and state.floor == floor:
-                return [], False
-        return self._settle()
-
-    def _add_partition(self, partition: int) -> bool:
-        """Follow one more partition (under the lock); keeps `_sole` for `partition_of`."""
-        added = self._trust.add_partition(partition)
-        known = self._trust.partitions
-        self._sole = known[0] if len(known) == 1 else None
-        return added
 
     def _after(self, released: list[Send], changed: bool) -> None:
         """Outside the lock: send released acknowledgements, tell the consumer."""
@@ -307,7 +274,7 @@ class WatermarkFeed:
             log.debug("looking up the partitions of %s failed; trying again later", self.topic, exc_info=True)
             return
         with self._cond:
-            added = [p for p in indexes if p >= 0 and self._add_partition(p)]
+            added = [p for p in indexes if p >= 0 and self._trust.add_partition(p)]
             released, changed = self._settle(changed=bool(added))
         if added:
             log.info("%s: partitions %s added; following them for subscription %r", self.topic, added,
@@ -379,17 +346,17 @@ class WatermarkFeed:
             log.debug("skipping malformed head event at %s: %s", message.message_id(), exc)
             return
         with self._cond:
-            if head.topic == self.topic and self._trust.follows(head.partition):
+            if head.topic == self.topic and head.partition in self._trust.partitions:
                 self._trust.on_fact(head.partition, head.position, head.event_time)
 
     def _apply(self, event: WatermarkEvent) -> None:
         if event.subscription != self.subscription or event.topic != self.topic:
             return
         with self._cond:
-            if not self._trust.follows(event.partition):
+            if event.partition not in self._trust.partitions:
                 if not (self._follow_new_partitions and event.partition >= 0):
                     return
-                self._add_partition(event.partition)
+                self._trust.add_partition(event.partition)
             self._trust.on_event(event.partition, event.position, event.event_time)
             released, changed = self._settle(changed=True)
         self._after(released, changed)

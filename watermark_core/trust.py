@@ -166,10 +166,6 @@ class WatermarkTrust:
         self._partitions[partition] = PartitionTrust()
         return True
 
-    def follows(self, partition: int) -> bool:
-        """Whether the partition is followed (without sorting the list, as `partitions` does)."""
-        return partition in self._partitions
-
     def state(self, partition: int) -> PartitionTrust:
         """The partition's state, to read (tests and logs); KeyError for one not followed."""
         return self._partitions[partition]
@@ -342,11 +338,6 @@ class WatermarkTrust:
         return True
 
     # -- outputs ------------------------------------------------------------------------------------
-
-    @property
-    def regained_pending(self) -> bool:
-        """Whether some partition was trusted again since the last `drain_regained`."""
-        return bool(self._regained)
 
     def drain_regained(self) -> list[int]:
         """Partitions trusted again since the last call: their held acknowledgements may go now."""
