@@ -9,9 +9,9 @@ from __future__ import annotations
 import http.client
 import re
 import threading
-from collections.abc import Sequence
-from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import quote, urlencode, urljoin, urlsplit
 
 import orjson
 import requests
@@ -20,6 +20,8 @@ from pulsar_access.settings import PulsarSettings
 from pulsar_access.topics import TopicName
 from watermark_core.protocol import INTERNAL_SUBSCRIPTIONS
 
+T = TypeVar("T")
+
 
 class AdminError(RuntimeError):
     """An admin API call failed; the message says what to do about it."""
@@ -27,6 +29,10 @@ class AdminError(RuntimeError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class BrokerUnreachable(AdminError):
+    """No answer from a broker's admin URL (refused, reset, timed out)."""
 
 
 class TopicNotFound(AdminError):
@@ -39,11 +45,16 @@ class PulsarAdmin:
     def __init__(self, settings: PulsarSettings | None = None, timeout_s: float = 10.0) -> None:
         self.settings = settings or PulsarSettings.from_env()
         self.timeout_s = timeout_s
+        self._bases = admin_urls(self.settings.admin_url)
+        self._base = 0
+        """Index of the admin URL in use: the next one is tried when a broker does not answer."""
         self._http = requests.Session()
         # one session serves every partition worker's thread
         self._http.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
         self._http.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=64))
         self._http.headers.update(self.settings.admin_headers())
+        self._owners: dict[str, str] = {}
+        """Topic path -> the admin URL of the broker that answered for it last (skips the redirect next time)."""
         self._local = threading.local()
         self._fast_connections: list[http.client.HTTPConnection] = []
         self._fast_lock = threading.Lock()
@@ -55,40 +66,90 @@ class PulsarAdmin:
         for connection in connections:
             connection.close()
 
-    def _connection(self) -> http.client.HTTPConnection:
-        """This thread's keep-alive connection for `_get`: a stats call costs a quarter of one through requests."""
-        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
+    @property
+    def base_url(self) -> str:
+        """The admin URL calls go to first (a topic's calls are redirected on to its owner)."""
+        return self._bases[self._base]
+
+    def _next_base(self, failed: str) -> None:
+        """A broker of the list did not answer: the next calls start at the next one."""
+        with self._fast_lock:
+            if self._bases[self._base] == failed:
+                self._base = (self._base + 1) % len(self._bases)
+
+    def _connection(self, origin: str) -> http.client.HTTPConnection:
+        """This thread's keep-alive connection to `origin` (scheme://host:port) for `_get`: a stats call costs a
+        quarter of one through requests. One per broker: a topic's calls go to the broker that owns it."""
+        connections: dict[str, http.client.HTTPConnection] | None = getattr(self._local, "connections", None)
+        if connections is None:
+            connections = self._local.connections = {}
+        connection = connections.get(origin)
         if connection is None:
-            url = urlsplit(self.settings.admin_url)
+            url = urlsplit(origin)
             kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
             connection = kind(url.hostname or "127.0.0.1", url.port, timeout=self.timeout_s)
-            self._local.connection = connection
+            connections[origin] = connection
             with self._fast_lock:
                 self._fast_connections.append(connection)
         return connection
 
     def _get(self, path: str, params: dict[str, str] | None = None) -> Any:
+        return self._on_any_broker(lambda: self._get_once(path, params))
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._on_any_broker(lambda: self._call_once(method, path, **kwargs))
+
+    def _on_any_broker(self, call: Callable[[], T]) -> T:
+        """`call()`, once more on each further admin URL of the list while the one in use does not answer."""
+        for _ in range(len(self._bases) - 1):
+            try:
+                return call()
+            except BrokerUnreachable:
+                continue
+        return call()
+
+    def _get_once(self, path: str, params: dict[str, str] | None = None) -> Any:
         """GET a JSON document on a plain keep-alive connection of this thread; errors as `_call` raises them.
 
-        For the generator's frequent stats calls; one retry on a connection the server closed.
+        For the generator's frequent stats calls; one retry on a connection the server closed. A broker
+        that does not own the topic answers 307 with the owner's URL: followed (as Pulsar's own admin
+        client does), with the same credentials.
         """
-        prefix = urlsplit(self.settings.admin_url).path.rstrip("/")
-        target = f"{prefix}/admin/v2/{path}" + (f"?{urlencode(params)}" if params else "")
+        query = f"?{urlencode(params)}" if params else ""
         headers = {"Accept": "application/json", **self.settings.admin_headers()}
-        for attempt in (1, 2):
-            connection = self._connection()
-            try:
-                connection.request("GET", target, headers=headers)
-                response = connection.getresponse()
-                body = response.read()
+        base = self.base_url
+        owner_key = _topic_key(path)
+        start = self._owners.get(owner_key, base) if owner_key else base
+        url = f"{start}/admin/v2/{path}{query}"
+        for _hop in range(MAX_REDIRECTS + 1):
+            parts = urlsplit(url)
+            origin = f"{parts.scheme}://{parts.netloc}"
+            target = parts.path + (f"?{parts.query}" if parts.query else "")
+            for attempt in (1, 2):
+                connection = self._connection(origin)
+                try:
+                    connection.request("GET", target, headers=headers)
+                    response = connection.getresponse()
+                    body = response.read()
+                    break
+                except (http.client.HTTPException, OSError) as exc:
+                    connection.close()
+                    if attempt == 2 or isinstance(exc, TimeoutError):
+                        self._owners.pop(owner_key, None)  # a broker gone: ask the list again next time
+                        if origin == _origin(base):
+                            self._next_base(base)
+                        raise BrokerUnreachable(
+                            f"Pulsar admin API at {origin} does not answer ({type(exc).__name__}); "
+                            "start the cluster with 'make cluster-up' or set PULSAR_ADMIN_URL"
+                        ) from exc
+            location = response.getheader("Location")
+            if response.status not in REDIRECTS or not location:
                 break
-            except (http.client.HTTPException, OSError) as exc:
-                connection.close()
-                if attempt == 2 or isinstance(exc, TimeoutError):
-                    raise AdminError(
-                        f"Pulsar admin API at {self.settings.admin_url} does not answer ({type(exc).__name__}); "
-                        "start the cluster with 'make cluster-up' or set PULSAR_ADMIN_URL"
-                    ) from exc
+            url = urljoin(url, location)
+        else:
+            raise AdminError(f"Pulsar admin API GET {path}: more than {MAX_REDIRECTS} redirects (last to {url})")
+        if owner_key and response.status < 400:
+            self._owners[owner_key] = url.split("/admin/v2/", 1)[0]
         text = body.decode("utf-8", errors="replace")
         if response.status == 404:
             raise TopicNotFound(f"not found: {path} ({text.strip()[:200]})", 404)
@@ -101,17 +162,29 @@ class PulsarAdmin:
         # orjson: the generator's sweep decodes every owned topic's stats each second (4x the stdlib's speed)
         return orjson.loads(body) if body else None
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        url = f"{self.settings.admin_url}/admin/v2/{path}"
-        try:
-            response = self._http.request(method, url, timeout=self.timeout_s, **kwargs)
-        except requests.ConnectionError as exc:
-            raise AdminError(
-                f"Pulsar admin API at {self.settings.admin_url} does not answer ({type(exc).__name__}); "
-                "start the cluster with 'make cluster-up' or set PULSAR_ADMIN_URL"
-            ) from exc
-        except requests.Timeout as exc:
-            raise AdminError(f"Pulsar admin API at {self.settings.admin_url} timed out on {path}") from exc
+    def _call_once(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One admin call through requests; redirects to the topic's owner followed with the method, body and
+        credentials kept (requests would drop the Authorization header on a redirect to another port)."""
+        base = self.base_url
+        url = f"{base}/admin/v2/{path}"
+        for _hop in range(MAX_REDIRECTS + 1):
+            try:
+                response = self._http.request(method, url, timeout=self.timeout_s, allow_redirects=False, **kwargs)
+            except requests.ConnectionError as exc:
+                if url.startswith(base):
+                    self._next_base(base)
+                raise BrokerUnreachable(
+                    f"Pulsar admin API at {_origin(url)} does not answer ({type(exc).__name__}); "
+                    "start the cluster with 'make cluster-up' or set PULSAR_ADMIN_URL"
+                ) from exc
+            except requests.Timeout as exc:
+                raise AdminError(f"Pulsar admin API at {_origin(url)} timed out on {path}") from exc
+            location = response.headers.get("Location")
+            if response.status_code not in REDIRECTS or not location:
+                break
+            url = urljoin(url, location)
+        else:
+            raise AdminError(f"Pulsar admin API {method} {path}: more than {MAX_REDIRECTS} redirects (last to {url})")
         if response.status_code == 404:
             raise TopicNotFound(f"not found: {path} ({response.text.strip()[:200]})", 404)
         if response.status_code in (401, 403):
@@ -137,7 +210,7 @@ class PulsarAdmin:
         required") and when the authenticated role is not authorized (JSON `{"reason": "Unauthorized
         to ... operation [X] ..."}`), sometimes 403 for the latter; the body tells them apart.
         """
-        where = f"Pulsar admin API at {self.settings.admin_url} refused {method} {path}"
+        where = f"Pulsar admin API at {self.base_url} refused {method} {path}"
         token = self.settings.auth_token
         operation = _OPERATION.search(text)
         if token is None:
@@ -335,6 +408,38 @@ class PulsarAdmin:
 
     def trigger_compaction(self, topic: str) -> None:
         self._call("PUT", f"{TopicName.parse(topic).rest_path}/compaction")
+
+
+MAX_REDIRECTS = 5
+REDIRECTS = (301, 302, 303, 307, 308)
+"""A broker answers an admin call about a topic it does not own with 307 and the owner's URL."""
+
+
+def admin_urls(text: str) -> list[str]:
+    """`PULSAR_ADMIN_URL` as a list: one URL, or several separated by commas as Pulsar's own tools take them
+    (`http://b1:8080,b2:8080`: a host without a scheme takes the first URL's)."""
+    urls: list[str] = []
+    scheme = "http"
+    for item in (part.strip().rstrip("/") for part in text.split(",")):
+        if not item:
+            continue
+        if "://" in item:
+            scheme = item.split("://", 1)[0]
+        else:
+            item = f"{scheme}://{item}"
+        urls.append(item)
+    return urls or [text.rstrip("/")]
+
+
+def _topic_key(path: str) -> str:
+    """The topic a REST path is about (`persistent/t/ns/topic`), or "" for other calls."""
+    parts = path.split("?", 1)[0].split("/")
+    return "/".join(parts[:4]) if len(parts) >= 4 and parts[0] in ("persistent", "non-persistent") else ""
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 BRIEF_STATS = {"excludePublishers": "true", "excludeConsumers": "true", "subscriptionBacklogSize": "false"}
