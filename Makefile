@@ -31,8 +31,9 @@ integration: $(STAMP)
 	$(PY) -m pytest -m integration -q
 
 # AUTH=token: token authentication and authorization (docs/SECURITY.md); tokens in .cluster/auth/
+# BROKERS=3: a multi-broker cluster (metadata store, bookie, 3 brokers, a generator per broker)
 cluster-up: $(STAMP)
-	$(PY) -m devtools.local_cluster up $(if $(AUTH),--auth $(AUTH))
+	$(PY) -m devtools.local_cluster up $(if $(AUTH),--auth $(AUTH)) $(if $(BROKERS),--brokers $(BROKERS))
 
 cluster-down: $(STAMP)
 	$(PY) -m devtools.local_cluster down

@@ -450,6 +450,13 @@ class LocalCluster:
             )
         say(f"watermark generator started (pid {proc.pid}), log {self.state_dir}/generator.log")
 
+    def refuse_if_running(self, what: str) -> None:
+        """One local cluster at a time: they share the default ports and the state directory."""
+        pid = self.running_pid("pulsar")
+        if pid is not None:
+            raise ClusterError(f"a standalone broker (pid {pid}) is running; stop it with 'make cluster-down' "
+                               f"before starting {what}")  # fmt: skip
+
     def kill_broker(self) -> None:
         """`kill -9` the broker by its recorded process id: a crash, no shutdown; `up()` starts it on the same data."""
         pid = self.running_pid("pulsar")
@@ -604,6 +611,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", type=Path, default=None, help="where config, data, logs and pids live")
     parser.add_argument("--no-generator", action="store_true", help="start only the broker")
     parser.add_argument(
+        "--brokers", type=int, default=int(os.environ.get("BROKERS") or 1),
+        help="1 (default): a standalone; N > 1: a cluster of a metadata store, a bookie and N brokers, one "
+        "generator per broker (devtools/broker_cluster.py; env BROKERS)",
+    )  # fmt: skip
+    parser.add_argument(
         "--auth",
         choices=["none", "token"],
         default=None,
@@ -612,6 +624,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
+        if args.brokers > 1 or args.action in ("down", "status"):
+            from devtools.broker_cluster import MultiBrokerCluster
+
+            multi = MultiBrokerCluster(state_dir=args.state_dir or REPO_ROOT / ".cluster", brokers=max(args.brokers, 2))
+            if args.brokers > 1 and args.action == "up":
+                if args.auth not in (None, "none"):
+                    raise ClusterError("--auth token is for the standalone only; start a cluster without it")
+                if args.no_generator:
+                    multi.generators = 0
+                LocalCluster.from_env(args.state_dir).refuse_if_running("a multi-broker cluster")
+                multi.up()
+                return 0
+            if args.action == "down":
+                stopped = multi.down()
+                if stopped:
+                    say("stopped " + ", ".join(stopped))
+            elif args.action == "status":
+                for name, pid in multi.status().items():
+                    if pid is not None:
+                        say(f"{name}: running, pid {pid}")
         cluster = LocalCluster.from_env(args.state_dir)
         if args.auth is not None:
             cluster.auth = _auth_mode(args.auth)

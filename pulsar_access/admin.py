@@ -96,8 +96,8 @@ class PulsarAdmin:
     def _get(self, path: str, params: dict[str, str] | None = None) -> Any:
         return self._on_any_broker(lambda: self._get_once(path, params))
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        return self._on_any_broker(lambda: self._call_once(method, path, **kwargs))
+    def _call(self, method: str, path: str, *, api: str = "admin/v2", **kwargs: Any) -> Any:
+        return self._on_any_broker(lambda: self._call_once(method, path, api, **kwargs))
 
     def _on_any_broker(self, call: Callable[[], T]) -> T:
         """`call()`, once more on each further admin URL of the list while the one in use does not answer."""
@@ -162,11 +162,11 @@ class PulsarAdmin:
         # orjson: the generator's sweep decodes every owned topic's stats each second (4x the stdlib's speed)
         return orjson.loads(body) if body else None
 
-    def _call_once(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _call_once(self, method: str, path: str, api: str, **kwargs: Any) -> Any:
         """One admin call through requests; redirects to the topic's owner followed with the method, body and
         credentials kept (requests would drop the Authorization header on a redirect to another port)."""
         base = self.base_url
-        url = f"{base}/admin/v2/{path}"
+        url = f"{base}/{api}/{path}"
         for _hop in range(MAX_REDIRECTS + 1):
             try:
                 response = self._http.request(method, url, timeout=self.timeout_s, allow_redirects=False, **kwargs)
@@ -398,6 +398,34 @@ class PulsarAdmin:
             return
         ledger, entry = (to[0], to[1]) if isinstance(to, tuple) else (to.ledger_id(), to.entry_id())  # type: ignore[union-attr]
         self._call("POST", path, json={"ledgerId": int(ledger), "entryId": int(entry)})
+
+    # -- where topics live (a cluster of several brokers) ----------------------------------------
+
+    def owner(self, topic: str) -> str:
+        """The web service URL (`http://host:port`) of the broker that owns a (partition) topic now."""
+        answer = self._call("GET", f"topic/{TopicName.parse(topic).rest_path}", api="lookup/v2")
+        return str(answer["httpUrl"])
+
+    def bundle_of(self, topic: str) -> str:
+        """The namespace bundle (`0x..._0x...`) a topic hashes into: what the load manager moves."""
+        return str(self._call("GET", f"topic/{TopicName.parse(topic).rest_path}/bundle", api="lookup/v2"))
+
+    def brokers(self, cluster: str) -> list[str]:
+        """The cluster's live brokers as `host:webport` (their broker ids)."""
+        return sorted(self._call("GET", f"brokers/{quote(cluster, safe='')}") or [])
+
+    def unload_bundle(self, namespace: str, bundle: str, destination: str | None = None) -> None:
+        """Unload a namespace bundle; with `destination` (a broker id, `host:webport`) it is assigned there."""
+        params = {"destinationBroker": destination} if destination else None
+        self._call("PUT", f"namespaces/{namespace}/{bundle}/unload", params=params)
+
+    def split_bundle(self, namespace: str, bundle: str) -> None:
+        """Split a bundle in two, and unload both halves (the load manager places them again)."""
+        self._call("PUT", f"namespaces/{namespace}/{bundle}/split", params={"unload": "true"})
+
+    def unload_topic(self, topic: str) -> None:
+        """Close a topic on its broker; the next lookup assigns it again (maybe to the same broker)."""
+        self._call("PUT", f"{TopicName.parse(topic).rest_path}/unload")
 
     def delete_topic(self, topic: str, force: bool = True) -> None:
         self._call("DELETE", TopicName.parse(topic).rest_path, params={"force": str(force).lower()})
