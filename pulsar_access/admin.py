@@ -166,9 +166,10 @@ class PulsarAdmin:
         """One admin call through requests; redirects to the topic's owner followed with the method, body and
         credentials kept (requests would drop the Authorization header on a redirect to another port)."""
         base = self.base_url
-        url = f"{base}/{api}/{path}"
+        params = kwargs.pop("params", None)
+        url = f"{base}/{api}/{path}" + (f"?{urlencode(params)}" if params else "")
         for _hop in range(MAX_REDIRECTS + 1):
-            try:
+            try:  # the Location of a redirect is the whole next URL: a leader may drop a parameter it handled
                 response = self._http.request(method, url, timeout=self.timeout_s, allow_redirects=False, **kwargs)
             except requests.ConnectionError as exc:
                 if url.startswith(base):

@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(getattr(pytest.mark, kind))
     # These restart the session's broker: run them after everything else, the chaos tests (which kill it
     # with SIGKILL; its bookie may refuse writes for a while after) last of all.
-    last = {"test_restarts.py": 1, "test_chaos.py": 2}
+    last = {"test_multi_broker.py": 0.5, "test_restarts.py": 1, "test_chaos.py": 2}
     items.sort(key=lambda item: last.get(Path(str(item.fspath)).name, 0))
 
 
