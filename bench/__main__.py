@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import client_throughput, generator, generator_scale, seek, spark
+from bench import client_throughput, generator, generator_scale, multi_broker, seek, spark
 from bench.common import bench_cluster, say, write_results
 from devtools.local_cluster import PULSAR_VERSION
 from pulsar_access.settings import PulsarSettings
@@ -30,7 +30,10 @@ GROUPS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {
     "scale": ("generator at scale (issue 13)", _generator_scale),
     "spark": ("Spark (issues 5 and 14)", spark.run),
     "seek": ("seeks with consumers attached (issue 16)", seek.run),
+    "multi": ("a three-broker cluster (issue 24)", multi_broker.run),
 }
+OWN_CLUSTER = {"multi"}
+"""Groups that start a cluster of their own."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -38,13 +41,20 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [name for name in chosen if name not in GROUPS]
     if unknown:
         raise SystemExit(f"unknown benchmark {unknown}; choose from {', '.join(GROUPS)}")
-    with bench_cluster() as settings:
-        figures: Figures = {"pulsar_version": PULSAR_VERSION}
-        for name in chosen:
-            title, run = GROUPS[name]
+    figures: Figures = {"pulsar_version": PULSAR_VERSION}
+    on_standalone = [name for name in chosen if name not in OWN_CLUSTER]
+    if on_standalone:
+        with bench_cluster() as settings:
+            for name in on_standalone:
+                title, run = GROUPS[name]
+                say(title)
+                figures.update(run(settings))
+    for name in chosen:
+        if name in OWN_CLUSTER:
+            title, run_alone = GROUPS[name]
             say(title)
-            figures.update(run(settings))
-        write_results(figures)
+            figures.update(run_alone(None))  # type: ignore[arg-type]
+    write_results(figures)
     for key, value in figures.items():
         if not key.endswith("_how"):
             say(f"{key} = {value}")

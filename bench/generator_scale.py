@@ -198,13 +198,15 @@ def cadence_latency(settings: PulsarSettings, client: pulsar.Client, admin: Puls
 
 
 def ownership_share(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, log_dir: Path,
-                    topics: int = 300, instances: int = 3) -> tuple[float, dict[str, int]]:  # fmt: skip
-    """The largest share of `topics` non-partitioned topics that one of `instances` generators owns."""
+                    topics: int = 300, instances: int = 3,
+                    instance_settings: list[PulsarSettings] | None = None) -> tuple[float, dict[str, int]]:  # fmt: skip
+    """The largest share of `topics` non-partitioned topics that one of `instances` generators owns
+    (`instance_settings`: where each instance finds Pulsar, e.g. each its own broker first)."""
     namespace = _new_namespace(admin)
     names = [f"persistent://{namespace}/own-{i}" for i in range(topics)]
     for name in names:
         admin.create_topic(name)
-    generators = [Generator(settings, namespace, log_dir) for _ in range(instances)]
+    generators = [Generator(s, namespace, log_dir) for s in (instance_settings or [settings] * instances)]
     try:
         time.sleep(OWNERSHIP_SETTLE_S)
         owners: Counter[str] = Counter()

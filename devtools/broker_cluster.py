@@ -42,6 +42,7 @@ from devtools.local_cluster import (
     port_free,
     say,
 )
+from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.settings import PulsarSettings
 from pulsar_access.topics import watermark_namespace
 
@@ -320,8 +321,6 @@ class MultiBrokerCluster:
 
     def prepare_namespaces(self) -> None:
         """The watermark tables' namespace, compacted by the brokers themselves (as the standalone's)."""
-        from pulsar_access.admin import PulsarAdmin
-
         admin = PulsarAdmin(self.settings())
         try:
             admin.create_namespace(watermark_namespace())
@@ -360,6 +359,31 @@ class MultiBrokerCluster:
                 )  # fmt: skip
             self._pid_file(name).write_text(f"{proc.pid}\n")
             say(f"watermark generator {index} started (pid {proc.pid}), log {log_path}")
+
+    # -- moving topics -------------------------------------------------------------------------------
+
+    def move_topic(self, admin: PulsarAdmin, topic: str, to: int, timeout_s: float = 60.0) -> float:
+        """Unload `topic`'s bundle with broker `to` as its destination, retried as an operator would (a bundle
+        just moved may still be in transit); seconds until `to` owns it."""
+        started = time.monotonic()
+        target = self.ports[to]
+        while admin.owner(topic) != target.admin_url:
+            if time.monotonic() - started > timeout_s:
+                raise ClusterError(f"{topic} did not move to broker {to} within {timeout_s:.0f} s")
+            try:
+                admin.unload_bundle("public/default", admin.bundle_of(topic), f"127.0.0.1:{target.web}")
+            except AdminError as exc:
+                say(f"unloading the bundle of {topic} was refused ({exc}); retrying")
+                time.sleep(1)
+                continue
+            deadline = time.monotonic() + 5
+            while admin.owner(topic) != target.admin_url and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return time.monotonic() - started
+
+    def index_of(self, admin_url: str) -> int:
+        """The index of the broker whose web service is at `admin_url`."""
+        return next(i for i, p in enumerate(self.ports) if p.admin_url == admin_url)
 
     # -- faults and stopping -------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from consumer import WatermarkConsumer
 from devtools.broker_cluster import CLUSTER_NAME, BrokerPorts, MultiBrokerCluster
 from devtools.local_cluster import free_listen_port
 from producer import WatermarkProducer
-from pulsar_access.admin import AdminError, PulsarAdmin
+from pulsar_access.admin import PulsarAdmin
 from pulsar_access.settings import PulsarSettings
 from tests.integration import test_generator, test_seek
 from tests.integration.generator_process import FAST
@@ -68,31 +68,10 @@ def multi_admin(settings: PulsarSettings) -> Iterator[PulsarAdmin]:
 
 def owned_elsewhere(cluster: MultiBrokerCluster, admin: PulsarAdmin, topic: str, avoid: set[int]) -> int:
     """Move `topic`'s bundle to a broker whose index is not in `avoid`; its index."""
-    owner = admin.owner(topic)
-    for index, ports in enumerate(cluster.ports):
-        if index not in avoid and ports.admin_url != owner:
-            wait_until(lambda p=ports: moved(admin, topic, p), timeout_s=60, what="the move")
-            return index
-    raise AssertionError("no other broker to move to")
-
-
-def moved(admin: PulsarAdmin, topic: str, to: BrokerPorts) -> bool:
-    """One try at moving `topic`'s bundle to `to`, as an operator would retry it: a bundle just moved may
-    be in transit, and the brokers redirect an unload of it among themselves until it is placed."""
-    if admin.owner(topic) == to.admin_url:
-        return True
-    try:
-        admin.unload_bundle("public/default", admin.bundle_of(topic), f"127.0.0.1:{to.web}")
-    except AdminError as exc:
-        print(f"unload refused, retrying: {exc}")
-        time.sleep(1)
-        return False
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if admin.owner(topic) == to.admin_url:
-            return True
-        time.sleep(0.1)
-    return False
+    owner = cluster.index_of(admin.owner(topic))
+    to = next(i for i in range(len(cluster.ports)) if i not in avoid and i != owner)
+    cluster.move_topic(admin, topic, to)
+    return to
 
 
 # -- the contract's scenarios, on three brokers -------------------------------------------------------
