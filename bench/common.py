@@ -87,6 +87,10 @@ GOALS = {
     "watermark_latency_cadence_p99_ms": "<= 400",
     "generator_ownership_max_share_3_instances": "<= 0.45",
     "seek_to_recomputed_watermark_p50_ms": "<= 1000",
+    "watermark_gap_on_topic_move_p50_ms": "<= 2000",
+    "watermark_gap_on_topic_move_max_ms": "<= 10000",
+    "generator_ownership_max_share_3_instances_3_brokers": "<= 0.45",
+    "multi_broker_cluster_up_s": "< 90",
 }
 
 
