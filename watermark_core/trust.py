@@ -52,8 +52,7 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   what came since would stand over entries still to come (issue 25, case 1). This is what ends the
   wait in a Shared subscription where another consumer acknowledged its copy of a message this one
   holds: the generator never computes a watermark before that message again (chaos seed 214393).
-  Callers log it. After a seek that delivered nothing at all it trusts the held and latest events
-  again instead.
+  Callers log it.
 
 Partitioned topics: a consumer's watermark is the minimum over partitions. `watermark()` is the
 strict view (None while any partition has none or is distrusted); `listener_watermark()` is what a
@@ -156,8 +155,12 @@ class PartitionTrust:
         """Whether an event computed at `position` is before everything this partition protects."""
         if self.floor is not None and position >= self.floor:
             return False
-        if self.guarded and (self.frontier is None or position > self.frontier):
-            return False
+        if self.guarded and (
+            self.frontier is None
+            or position > self.frontier
+            or (self.held is not None and position < self.held.position)
+        ):
+            return False  # beyond what came since the move back, or older than the fact held: read late
         low, queued = self.lowest_outstanding(), self.lowest_queued()
         return (low is None or position < low) and (queued is None or position < queued)
 
@@ -317,10 +320,10 @@ class WatermarkTrust:
                 state.floor, state.provisional, state.guarded = None, False, True
                 self._regained.add(partition)
                 continue
-            if state.held is None:
-                continue  # nothing to distrust; a stale event still meets the messages that come again
-            point = state.held.position if target is None else target  # by publish time: back, or forward
-            if point > state.held.position:
+            # By publish time: back of the held event, or forward; the first message tells.
+            held = state.held.position if state.held is not None else BEFORE_ALL
+            point = target if target is not None else held
+            if state.held is not None and point > state.held.position:
                 # Forward: the held watermark was computed before everything from the target on,
                 # and what came before the target is not delivered any more. An event computed at
                 # or after the target may have been read before the seek: it is not taken.
@@ -334,11 +337,9 @@ class WatermarkTrust:
             state.floor, state.provisional = point, True
 
     def fallback(self, partition: int) -> Computed | None:
-        """What `give_up` would hold now, if that is a watermark: the held event again after a seek that
-        delivered nothing, else the best remembered fact; None if giving up would withdraw it."""
+        """What `give_up` would hold now, if that is a watermark: the best remembered fact; None if giving
+        up would withdraw it."""
         state = self._partitions[partition]
-        if state.provisional:
-            return state.held
         fact = self._best_fact(state)
         return fact if fact is not None and fact.event_time is not None else None
 
@@ -347,8 +348,8 @@ class WatermarkTrust:
         everything the partition protects (none if there is no such fact), then the next event as it
         comes, and the latest one once nothing contradicts it.
 
-        If nothing arrived since a seek (it went to the end, or forward by publish time on a quiet
-        topic), nothing contradicts the held watermark, and the partition trusts it again instead.
+        If nothing arrived since a seek, the frontier is the seek's target (none by publish time:
+        then it withdraws until a message comes and an event at or before it is read).
 
         For when the generator does not publish one in time (it is down, or it missed the backward
         move, or another consumer acknowledged a redelivered copy of a message this one holds).
@@ -356,10 +357,6 @@ class WatermarkTrust:
         of them is still refused.
         """
         state = self._partitions[partition]
-        if state.provisional:
-            state.floor, state.provisional = None, False
-            self._take_latest(partition)
-            return
         state.held = self._best_fact(state) or WITHDRAWN
         state.floor, state.provisional, state.guarded = None, False, True
         self._take_latest(partition)

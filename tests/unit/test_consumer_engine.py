@@ -7,8 +7,6 @@ at entry e is 1000*(e//2) and a message at entry e has event time 1000*(e//2) to
 
 from __future__ import annotations
 
-import pytest
-
 from consumer.engine import (
     NO_WATERMARK,
     Acknowledged,
@@ -28,8 +26,6 @@ from consumer.engine import (
     WatermarkRead,
 )
 from watermark_core.protocol import Watermark
-
-pytestmark = pytest.mark.unit
 
 L = 7
 
