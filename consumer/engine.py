@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from watermark_core.protocol import Position, Watermark
-from watermark_core.trust import BEFORE_ALL, Computed, Entry, WatermarkTrust
+from watermark_core.trust import BEFORE_ALL, Computed, Entry, PartitionTrust, WatermarkTrust
 
 RECOMPUTE_WAIT_S = 30.0
 """How long a partition that moved back waits for a watermark computed before its messages, at most."""
@@ -211,6 +211,8 @@ class ConsumerEngine:
         """Listener: the watermark handed over last (None: none yet, or withdrawn)."""
         self.current: Watermark | None = None
         """What `get_last_watermark()` returns: the listener's watermark, or the strict one."""
+        self._stale = False
+        """Listener: what it may hold can have changed since it was handed a watermark last."""
 
     # -- views --------------------------------------------------------------------------------------
 
@@ -226,8 +228,12 @@ class ConsumerEngine:
     # -- the one entry point --------------------------------------------------------------------------
 
     def handle(self, event: Event, now: float) -> list[Command]:
+        kind = type(event)
+        if (kind is Received or kind is Acknowledged) and not self._distrusted_since and not self._seek_targets:
+            state = self.trust.get(event.partition)  # type: ignore[union-attr]
+            if state is not None:
+                return self._quiet(event, state, now)  # type: ignore[arg-type]
         out: list[Command] = []
-        changed = False
         if isinstance(event, Received):
             self._know(event.partition)
             self._received(event, out)
@@ -241,20 +247,33 @@ class ConsumerEngine:
                 self.trust.on_negatively_acknowledged(event.partition, event.position)
         elif isinstance(event, Sought):
             self._seek(event, out)
-            changed = True
         elif isinstance(event, WatermarkRead):
             if self._know(event.partition):
                 self.trust.on_event(event.partition, event.position, event.event_time)
-                changed = True
         elif isinstance(event, HeadRead):
             if event.partition in self.trust:
                 self.trust.on_fact(event.partition, event.position, event.event_time)
         elif isinstance(event, PartitionsChanged):
             for partition in event.partitions:
-                changed |= self._know(partition)
+                self._know(partition)
         else:  # Tick
-            changed = self._check_time_limits(now, out)
-        self._settle(now, out, changed)
+            self._check_time_limits(now, out)
+        self._settle(now, out, True)  # off the hot path: look at everything again
+        return out
+
+    def _quiet(self, event: Received | Acknowledged, state: PartitionTrust, now: float) -> list[Command]:
+        """A message or an acknowledgement while every partition trusts its watermark (the hot path):
+        the full `_settle` only if it changed what the partition holds or started a distrust."""
+        out: list[Command] = []
+        held, joining = state.held, state.joining
+        if type(event) is Received:
+            self._received(event, out)
+        else:
+            self._acknowledge(event.partition, event.position, event.token, event.cumulative, out)  # type: ignore[union-attr]
+        if state.floor is not None or state.held is not held or state.joining is not joining or self.trust.regained:
+            self._settle(now, out, changed=True)
+        elif self._pending:
+            self._hand_over(out)
         return out
 
     # -- inputs ---------------------------------------------------------------------------------------
@@ -339,19 +358,31 @@ class ConsumerEngine:
             for partition in [p for p in self._distrusted_since if not self.trust.distrusting(p)]:
                 del self._distrusted_since[partition]
         if not self.listener:
-            self.current = self.trust.watermark()
+            if changed:
+                self.current = self.trust.watermark()
             return
+        self._stale |= changed
+        self._hand_over(out)
+        if self._stale:
+            self._hand_watermark(out)
+
+    def _hand_over(self, out: list[Command]) -> None:
+        """Listener: deliver what waits, in order, while its partition may be handed over, each after the
+        watermark it comes under."""
         while self._pending and self.trust.may_hand_over(self._pending[0][0]):
             partition, position, token = self._pending.popleft()
-            self._hand_watermark(out)
+            if self._stale:
+                self._hand_watermark(out)
+            state = self.trust.state(partition)
+            held, joining = state.held, state.joining
             self.trust.on_handed_over(partition, position)
+            if state.held is not held or state.joining is not joining or state.floor is not None:
+                self._stale = True
             out.append(Deliver(token))
-            changed = True
-        if changed:
-            self._hand_watermark(out)
 
     def _hand_watermark(self, out: list[Command]) -> None:
         """Hand the listener what it may hold now: a new value, or none; the same value silently."""
+        self._stale = False
         new = self.trust.listener_watermark(self._delivered)
         previous, self._delivered = self._delivered, new
         self.current = new

@@ -34,6 +34,7 @@ from consumer.engine import (
     Acknowledged,
     Command,
     Deliver,
+    Event,
     HandWatermark,
     NegativelyAcknowledged,
     Received,
@@ -82,6 +83,8 @@ class WatermarkConsumer:
         self.late_messages = 0
         self.malformed_markers: Counter[str] = Counter()
         self._late: weakref.WeakSet[pulsar.Message] = weakref.WeakSet()
+        self._last: tuple[object, tuple[int, Position]] = (None, (-1, (-1, -1, -1)))
+        """The message received last and its (partition, position): `acknowledge` looks it up first."""
         self._handed: Watermark | None = None
         """Listener: the watermark handed to it last (None: none yet, or withdrawn)."""
         self._closed = False
@@ -149,15 +152,22 @@ class WatermarkConsumer:
 
     def _position(self, message_or_id: Any) -> tuple[int, Position]:
         """(partition, position) of a message or a message id, as the feed names partitions."""
+        last = self._last  # one read: the client's listener thread replaces it
+        if message_or_id is last[0]:  # the message received last: acknowledged right after, mostly
+            return last[1]
         msg_id = message_or_id.message_id() if hasattr(message_or_id, "message_id") else message_or_id
         partition = self._feed.partition_of(msg_id.partition())
         return partition, position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
 
     def _received(self, message: pulsar.Message) -> list[Command]:
         """Tell the engine a message arrived; count a marker (the engine skips and acknowledges it)."""
-        properties = message.properties()
+        properties = message._message.properties()  # the client's own call, one Python frame less
         marker = MARKER_PROPERTY in properties
-        partition, position = self._position(message)
+        msg_id = message._message.message_id()
+        index = msg_id.partition()
+        partition = self._feed.partition_of(index) if index < 0 else index
+        position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+        self._last = (message, (partition, position))
         commands = self._feed.report(Received(partition, position, message, marker))
         if marker:
             self._count_marker(message, properties, position)
@@ -199,16 +209,47 @@ class WatermarkConsumer:
         while True:
             message = self._receive_before(deadline)
             for command in self._received(message):
-                if isinstance(command, Deliver):
-                    self._note_lateness(message, self._feed.current)
+                if type(command) is Deliver:
+                    current = self._feed.engine.current
+                    if current is not None:
+                        self._note_lateness(message, current)
                     return message
+
+    def batch_receive(self) -> list[pulsar.Message]:
+        """The client's `batch_receive` (see its `batch_receive_policy`) with the markers taken out (they are
+        acknowledged here), and the seek target Pulsar would deliver again; may be empty."""
+        if self._listener is not None:
+            raise RuntimeError("this consumer has a listener; messages go to it, not to batch_receive()")
+        messages = self._on_consumer(lambda c: c.batch_receive())
+        events: list[Event] = []
+        for message in messages:
+            properties = message._message.properties()
+            msg_id = message._message.message_id()
+            index = msg_id.partition()
+            partition = self._feed.partition_of(index) if index < 0 else index
+            position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+            marker = MARKER_PROPERTY in properties
+            if marker:
+                self._count_marker(message, properties, position)
+            events.append(Received(partition, position, message, marker))
+        delivered = [
+            message for message, commands in zip(messages, self._feed.report_all(events), strict=True)
+            if any(type(command) is Deliver for command in commands)
+        ]  # fmt: skip
+        current = self._feed.engine.current
+        if current is not None:
+            for message in delivered:
+                self._note_lateness(message, current)
+        return delivered
 
     def _receive_before(self, deadline: float | None) -> pulsar.Message:
         """The Pulsar consumer's next message, waiting at most until `deadline` (None: as long as it takes)."""
-        if deadline is None:
-            return self._on_consumer(lambda c: c.receive())
-        left = max(0, int((deadline - time.monotonic()) * 1000))
-        return self._on_consumer(lambda c: c.receive(timeout_millis=left))
+        left = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+        if self._subscribed.is_set():  # the hot path: no seek is replacing the consumer
+            consumer = self._consumer
+            with contextlib.suppress(pulsar.AlreadyClosed):
+                return consumer.receive(left)
+        return self._on_consumer(lambda c: c.receive(left))
 
     def _on_message(self, _consumer: pulsar.Consumer, message: pulsar.Message) -> None:
         """Runs on the client's listener thread: tell the engine; its deliveries go to the dispatcher.
@@ -270,9 +311,15 @@ class WatermarkConsumer:
         """Acknowledge a message or message id; held back while it would let the subscription pass a
         position it moved back to before the watermark recomputed there has arrived (then sent)."""
         partition, position = self._position(message)
-        self._feed.report(
-            Acknowledged(partition, position, lambda: self._on_consumer(lambda c: c.acknowledge(message)))
-        )
+        self._feed.report(Acknowledged(partition, position, functools.partial(self._send_acknowledgement, message)))
+
+    def _send_acknowledgement(self, message: Any) -> None:
+        if self._subscribed.is_set():  # the hot path: no seek is replacing the consumer
+            consumer = self._consumer
+            with contextlib.suppress(pulsar.AlreadyClosed):
+                consumer.acknowledge(message)
+                return
+        self._on_consumer(lambda c: c.acknowledge(message))
 
     def acknowledge_cumulative(self, message: Any) -> None:
         partition, position = self._position(message)

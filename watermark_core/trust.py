@@ -200,6 +200,14 @@ class WatermarkTrust:
     def __contains__(self, partition: int) -> bool:
         return partition in self._partitions
 
+    def get(self, partition: int) -> PartitionTrust | None:
+        return self._partitions.get(partition)
+
+    @property
+    def regained(self) -> bool:
+        """Whether a partition was trusted again since `drain_regained` was called last."""
+        return bool(self._regained)
+
     def state(self, partition: int) -> PartitionTrust:
         """The partition's state, to read (tests and logs); KeyError for one not followed."""
         return self._partitions[partition]
