@@ -5,18 +5,20 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from functools import partial
 
 import pulsar
 
 from bench.common import median_ratio, say, timed
-from consumer import WatermarkConsumer
+from consumer import WatermarkConsumer, WatermarkListener
 from producer import WatermarkProducer
 from pulsar_access.settings import PulsarSettings
 
 MESSAGES = 50_000
 PAYLOAD = b"x" * 100
 ROUNDS = 5
+EARLIEST = pulsar.InitialPosition.Earliest
 
 
 def _produce(producer: WatermarkProducer, count: int, marker_every: int | None) -> None:
@@ -66,51 +68,151 @@ def _drain(consumer: pulsar.Consumer | WatermarkConsumer, count: int) -> float:
     return elapsed
 
 
+def _drain_batches(consumer: pulsar.Consumer | WatermarkConsumer, count: int) -> float:
+    """Seconds to `batch_receive` and acknowledge (one by one) `count` messages (subscribing is not timed)."""
+    started = time.perf_counter()
+    received = 0
+    while received < count:
+        for message in consumer.batch_receive():
+            consumer.acknowledge(message)
+            received += 1
+    elapsed = time.perf_counter() - started
+    consumer.close()
+    return elapsed
+
+
+class _Counter:
+    """Counts acknowledged messages; `done` once `count` came; times from the first one."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.seen, self.started = count, 0, 0.0
+        self.done = threading.Event()
+
+    def one(self) -> None:
+        if self.seen == 0:
+            self.started = time.perf_counter()
+        self.seen += 1
+        if self.seen == self.count:
+            self.done.set()
+
+    def seconds(self) -> float:
+        if not self.done.wait(120):
+            raise TimeoutError(f"only {self.seen} of {self.count} messages within 120 s")
+        return time.perf_counter() - self.started
+
+
+class _AcknowledgingListener(WatermarkListener):
+    def __init__(self, counter: _Counter) -> None:
+        self.counter = counter
+
+    def received(self, consumer: WatermarkConsumer, message: pulsar.Message) -> None:
+        consumer.acknowledge(message)
+        self.counter.one()
+
+
+def _listen_raw(client: pulsar.Client, topic: str, total: int) -> float:
+    counter = _Counter(total)
+
+    def on_message(consumer: pulsar.Consumer, message: pulsar.Message) -> None:
+        consumer.acknowledge(message)
+        counter.one()
+
+    name = f"raw-l-{uuid.uuid4().hex[:6]}"
+    consumer = client.subscribe(topic, name, initial_position=EARLIEST, message_listener=on_message)
+    elapsed = counter.seconds()
+    consumer.close()
+    return elapsed
+
+
+def _listen_watermark(client: pulsar.Client, topic: str, data: int) -> float:
+    counter = _Counter(data)
+    name = f"wm-l-{uuid.uuid4().hex[:6]}"
+    consumer = WatermarkConsumer(client, topic, name, listener=_AcknowledgingListener(counter),
+                                 initial_position=EARLIEST)  # fmt: skip
+    elapsed = counter.seconds()
+    consumer.close()
+    return elapsed
+
+
 def _drain_raw(client: pulsar.Client, topic: str, total: int) -> float:
     name = f"raw-{uuid.uuid4().hex[:6]}"
-    return _drain(client.subscribe(topic, name, initial_position=pulsar.InitialPosition.Earliest), total)
+    return _drain(client.subscribe(topic, name, initial_position=EARLIEST), total)
 
 
 def _drain_watermark(client: pulsar.Client, topic: str, data: int) -> float:
     name = f"wm-{uuid.uuid4().hex[:6]}"
-    return _drain(WatermarkConsumer(client, topic, name, initial_position=pulsar.InitialPosition.Earliest), data)
+    return _drain(WatermarkConsumer(client, topic, name, initial_position=EARLIEST), data)
 
 
-def consumer_ratio(client: pulsar.Client) -> float:
-    """WatermarkConsumer's rate over a raw consumer's, reading the same topic (data + markers)."""
+def _batches_raw(client: pulsar.Client, topic: str, total: int) -> float:
+    name = f"raw-b-{uuid.uuid4().hex[:6]}"
+    return _drain_batches(client.subscribe(topic, name, initial_position=EARLIEST), total)
+
+
+def _batches_watermark(client: pulsar.Client, topic: str, data: int) -> float:
+    name = f"wm-b-{uuid.uuid4().hex[:6]}"
+    return _drain_batches(WatermarkConsumer(client, topic, name, initial_position=EARLIEST), data)
+
+
+Drain = Callable[[pulsar.Client, str, int], float]
+
+
+def _ratio(client: pulsar.Client, topic: str, what: str, wrapped_drain: Drain, raw_drain: Drain) -> float:
+    """WatermarkConsumer's rate over the plain client's doing the same work, same topic, alternating order."""
+    total = MESSAGES + MESSAGES // 100  # the plain client gets the markers as messages
+    pairs = []
+    for round_ in range(ROUNDS):
+        if round_ % 2 == 0:
+            raw = MESSAGES / raw_drain(client, topic, total)
+            wrapped = MESSAGES / wrapped_drain(client, topic, MESSAGES)
+        else:
+            wrapped = MESSAGES / wrapped_drain(client, topic, MESSAGES)
+            raw = MESSAGES / raw_drain(client, topic, total)
+        say(f"consumer {what} round {round_ + 1}: WatermarkConsumer {wrapped:.0f} msg/s, plain {raw:.0f} msg/s")
+        pairs.append((wrapped, raw))
+    return median_ratio(pairs)
+
+
+def consumer_ratios(client: pulsar.Client) -> dict[str, float]:
+    """WatermarkConsumer's rates over the plain client's, reading the same topic (data + markers)."""
     topic = f"bench-consume-{uuid.uuid4().hex[:8]}"
     producer = WatermarkProducer(
         client, topic, keepalive_interval_ms=None, batching_enabled=True, block_if_queue_full=True
     )
     _produce(producer, MESSAGES, 100)
     producer.close(idle=False)
-    markers = MESSAGES // 100
-    pairs = []
-    for round_ in range(ROUNDS):
-        if round_ % 2 == 0:
-            raw = MESSAGES / _drain_raw(client, topic, MESSAGES + markers)
-            wrapped = MESSAGES / _drain_watermark(client, topic, MESSAGES)
-        else:
-            wrapped = MESSAGES / _drain_watermark(client, topic, MESSAGES)
-            raw = MESSAGES / _drain_raw(client, topic, MESSAGES + markers)
-        say(f"consumer round {round_ + 1}: WatermarkConsumer {wrapped:.0f} msg/s, raw {raw:.0f} msg/s")
-        pairs.append((wrapped, raw))
-    return median_ratio(pairs)
+    return {
+        "pull": _ratio(client, topic, "receive", _drain_watermark, _drain_raw),
+        "listener": _ratio(client, topic, "listener", _listen_watermark, _listen_raw),
+        "batch": _ratio(client, topic, "batch_receive", _batches_watermark, _batches_raw),
+    }
 
 
 def run(settings: PulsarSettings) -> dict[str, float | int | str]:
     client = settings.client()
     try:
-        consumer = consumer_ratio(client)
+        consumer = consumer_ratios(client)
         producer = producer_ratio(client)
     finally:
         client.close()
     return {
-        "consumer_throughput_ratio": round(consumer, 3),
-        "consumer_throughput_ratio_how": (
+        "consumer_throughput_ratio": round(consumer["pull"], 3),
+        "consumer_throughput_ratio_how": "= consumer_pull_throughput_ratio",
+        "consumer_pull_throughput_ratio": round(consumer["pull"], 3),
+        "consumer_pull_throughput_ratio_how": (
             f"{MESSAGES} messages of 100 B with a W_SET per 100, received and acknowledged one by one "
-            "(subscribing not timed), generator running; WatermarkConsumer.receive over a raw pulsar consumer "
+            "(subscribing not timed), generator running; WatermarkConsumer.receive over a plain pulsar consumer "
             f"on the same topic; median of {ROUNDS} rounds in alternating order"
+        ),
+        "consumer_listener_throughput_ratio": round(consumer["listener"], 3),
+        "consumer_listener_throughput_ratio_how": (
+            f"same topic; a WatermarkListener that acknowledges each message over a plain message_listener that "
+            f"does, timed from the first message to the last; median of {ROUNDS} rounds in alternating order"
+        ),
+        "consumer_batch_receive_ratio": round(consumer["batch"], 3),
+        "consumer_batch_receive_ratio_how": (
+            "same topic; WatermarkConsumer.batch_receive (markers hidden) over the plain batch_receive, default "
+            f"policy, each message acknowledged; median of {ROUNDS} rounds in alternating order"
         ),
         "producer_throughput_ratio": round(producer, 3),
         "producer_throughput_ratio_how": f"{MESSAGES} messages of 100 B, send_async with batching; one W_SET per 100 "

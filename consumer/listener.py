@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import pulsar
 
+from consumer.engine import NO_WATERMARK
 from watermark_core.protocol import Watermark
 
 if TYPE_CHECKING:
@@ -29,6 +30,9 @@ class WatermarkListener:
         """The subscription moved back to where it has no watermark (e.g. before any producer's W_SET).
 
         The watermark received last no longer holds; until the next `received_watermark` there is
-        none, and the messages that come meanwhile may have any event time. Optional: override it
-        if you keep the watermark yourself.
+        none, and the messages that come meanwhile may have any event time. By default this hands
+        `received_watermark` the watermark `NO_WATERMARK` (event time 0: true of every message), so a
+        listener that only keeps the latest value it received is right after every kind of seek.
+        Override it to tell "no watermark" apart.
         """
+        self.received_watermark(consumer, NO_WATERMARK)

@@ -7,10 +7,12 @@ order they happened, each once. Options the wrapper does not own pass through to
 
 A watermark holds only for messages after the position it was computed at. When the subscription
 moves back (`seek`, an operator's reset-cursor, a redelivery of something acknowledged), the
-consumer stops trusting its watermark at once (watermark_core/trust.py): a listener gets no
-message of that partition until the watermark recomputed before it has been handed over (or
-taken away with `watermark_withdrawn` when the recomputed state has none); `get_last_watermark()`
-of a consumer without listener returns None meanwhile.
+consumer stops trusting its watermark at once: a listener gets no message of that partition until
+the watermark recomputed before it has been handed over (or taken away with `watermark_withdrawn`
+when the recomputed state has none); `get_last_watermark()` of a consumer without listener returns
+None meanwhile. Every such decision is the engine's (consumer/engine.py); this class is its shell:
+it turns what the client delivers and what the application calls into the engine's events, and
+carries out its commands (a listener's in order, on one thread).
 """
 
 from __future__ import annotations
@@ -18,18 +20,28 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import queue
 import threading
 import time
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pulsar
 
+from consumer.engine import (
+    RECOMPUTE_WAIT_S,
+    Acknowledged,
+    Command,
+    Deliver,
+    Event,
+    HandWatermark,
+    NegativelyAcknowledged,
+    Received,
+    Sought,
+)
 from consumer.listener import WatermarkListener
-from consumer.watermark_feed import RECOMPUTE_WAIT_S, WatermarkFeed
+from consumer.watermark_feed import WatermarkFeed
 from pulsar_access.errors import explained, service_url_of
 from watermark_core.protocol import (
     MARKER_PROPERTY,
@@ -45,8 +57,6 @@ T = TypeVar("T")
 
 NO_WATERMARK_WARNING_S = 30.0
 _STOP = object()
-_WAKE = object()
-"""Queued by the feed: what the listener may hold can have changed."""
 
 
 class WatermarkConsumer:
@@ -73,10 +83,15 @@ class WatermarkConsumer:
         self.late_messages = 0
         self.malformed_markers: Counter[str] = Counter()
         self._late: weakref.WeakSet[pulsar.Message] = weakref.WeakSet()
-        self._delivered: Watermark | None = None
-        self._wake_queued = threading.Event()
+        self._last: tuple[object, tuple[int, Position]] = (None, (-1, (-1, -1, -1)))
+        """The message received last and its (partition, position): `acknowledge` looks it up first."""
+        self._handed: Watermark | None = None
+        """Listener: the watermark handed to it last (None: none yet, or withdrawn)."""
         self._closed = False
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=subscribe_options.get("receiver_queue_size", 1000))
+        self._inbox: deque[Command | object] = deque()
+        """Listener: the engine's deliveries and watermarks, in its order, for the dispatcher."""
+        self._inbox_changed = threading.Condition()
+        self._room = max(1, int(subscribe_options.get("receiver_queue_size", 1000)))
         self._dispatcher: threading.Thread | None = None
         self._subscribed = threading.Event()
         """Set once `subscribe` returned: the client may call the listener before it does."""
@@ -84,16 +99,19 @@ class WatermarkConsumer:
         # and no thread or reader left running behind it.
         with explained(service_url=service_url_of(client), topic=topic, doing="subscribe to"):
             self._feed = WatermarkFeed(
-                client, topic, subscription, self._on_watermark, recompute_wait_s=recompute_wait_s,
+                client, topic, subscription, lambda _current: None, recompute_wait_s=recompute_wait_s,
+                listener=listener is not None, perform=self._perform if listener is not None else None,
+                acknowledge=self._acknowledge_skipped,
             )  # fmt: skip
             try:
                 if listener is not None:
+                    if self._feed.current is not None:  # what the catch-up found, handed over first
+                        self._inbox.append(HandWatermark(self._feed.current))
                     self._dispatcher = threading.Thread(
                         target=self._dispatch, name=f"wm-listener-{subscription}", daemon=True
                     )
                     self._dispatcher.start()
                     subscribe_options["message_listener"] = self._on_message
-                self._on_watermark(self._feed.current)
                 self._subscribe: Callable[[], pulsar.Consumer] = functools.partial(
                     client.subscribe, topic, subscription, **subscribe_options
                 )
@@ -105,9 +123,6 @@ class WatermarkConsumer:
                 raise
         self._subscribed.set()
         self._inclusive_seek = bool(subscribe_options.get("start_message_id_inclusive", False))
-        self._seek_targets: dict[int, tuple[int, int]] = {}
-        """Partition -> the entry of a seek by message id that delivery resumes after: dropped (and
-        acknowledged) if it is the first message of the partition that comes after the seek."""
         self._warning = threading.Timer(no_watermark_warning_s, self._warn_if_no_watermark)
         self._warning.daemon = True
         self._warning.start()
@@ -122,17 +137,8 @@ class WatermarkConsumer:
         or has moved back and the watermark recomputed before the messages coming again is not in yet.
         """
         if self._listener is not None:
-            return self._delivered
+            return self._handed
         return self._feed.current
-
-    def _on_watermark(self, _current: Watermark | None) -> None:
-        """The feed's news (on its thread): wake the dispatcher, never blocking the feed."""
-        if self._listener is not None and not self._wake_queued.is_set():
-            self._wake_queued.set()
-            try:
-                self._queue.put_nowait(_WAKE)
-            except queue.Full:  # the dispatcher is busy with messages and looks before each of them
-                self._wake_queued.clear()
 
     def _warn_if_no_watermark(self) -> None:
         if self._feed.current is None and not self._closed:
@@ -146,33 +152,43 @@ class WatermarkConsumer:
 
     def _position(self, message_or_id: Any) -> tuple[int, Position]:
         """(partition, position) of a message or a message id, as the feed names partitions."""
+        last = self._last  # one read: the client's listener thread replaces it
+        if message_or_id is last[0]:  # the message received last: acknowledged right after, mostly
+            return last[1]
         msg_id = message_or_id.message_id() if hasattr(message_or_id, "message_id") else message_or_id
         partition = self._feed.partition_of(msg_id.partition())
         return partition, position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
 
-    def _observe(self, message: pulsar.Message, *, queued: bool = False) -> None:
-        self._feed.observe(*self._position(message), queued=queued)
+    def _received(self, message: pulsar.Message) -> list[Command]:
+        """Tell the engine a message arrived; count a marker (the engine skips and acknowledges it)."""
+        properties = message._message.properties()  # the client's own call, one Python frame less
+        marker = MARKER_PROPERTY in properties
+        msg_id = message._message.message_id()
+        index = msg_id.partition()
+        partition = self._feed.partition_of(index) if index < 0 else index
+        position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+        self._last = (message, (partition, position))
+        commands = self._feed.report(Received(partition, position, message, marker))
+        if marker:
+            self._count_marker(message, properties, position)
+        return commands
 
-    def _hide_marker(self, message: pulsar.Message, properties: dict[str, str]) -> None:
-        """Acknowledge and drop a marker, counting (and logging once per kind) a malformed one."""
-        msg_id = message.message_id()
+    def _count_marker(self, message: pulsar.Message, properties: dict[str, str], position: Position) -> None:
+        """Count a hidden marker (and log a malformed one once per kind)."""
         try:
-            decode_marker(
-                properties,
-                message.data(),
-                message.producer_name(),
-                self._position(msg_id)[1],
-                message.publish_timestamp(),
-            )
+            decode_marker(properties, message.data(), message.producer_name(), position, message.publish_timestamp())
             self.markers_hidden += 1
         except MalformedMarker as exc:
             self.malformed_markers[exc.reason] += 1
             if self.malformed_markers[exc.reason] == 1:
                 log.warning(
                     "skipping malformed marker (%s) from %r at %s on %s: %s",
-                    exc.reason, message.producer_name(), msg_id, message.topic_name(), exc,
+                    exc.reason, message.producer_name(), message.message_id(), message.topic_name(), exc,
                 )  # fmt: skip
-        self.acknowledge(message)
+
+    def _acknowledge_skipped(self, message: object) -> None:
+        """The engine skipped a message (a marker, a seek's target): acknowledge it."""
+        self._on_consumer(lambda c: c.acknowledge(message))
 
     def _note_lateness(self, message: pulsar.Message, watermark: Watermark | None) -> None:
         if watermark is not None:
@@ -190,88 +206,104 @@ class WatermarkConsumer:
         if self._listener is not None:
             raise RuntimeError("this consumer has a listener; messages go to it, not to receive()")
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
-        message = self._receive_before(deadline)
-        self._observe(message)
-        properties = message.properties()
-        while MARKER_PROPERTY in properties or self._is_seek_target(message, observed=True):
-            if MARKER_PROPERTY in properties:
-                self._hide_marker(message, properties)
+        while True:
             message = self._receive_before(deadline)
-            self._observe(message)
-            properties = message.properties()
-        self._note_lateness(message, self._feed.current)
-        return message
+            for command in self._received(message):
+                if type(command) is Deliver:
+                    current = self._feed.engine.current
+                    if current is not None:
+                        self._note_lateness(message, current)
+                    return message
+
+    def batch_receive(self) -> list[pulsar.Message]:
+        """The client's `batch_receive` (see its `batch_receive_policy`) with the markers taken out (they are
+        acknowledged here), and the seek target Pulsar would deliver again; may be empty."""
+        if self._listener is not None:
+            raise RuntimeError("this consumer has a listener; messages go to it, not to batch_receive()")
+        messages = self._on_consumer(lambda c: c.batch_receive())
+        events: list[Event] = []
+        for message in messages:
+            properties = message._message.properties()
+            msg_id = message._message.message_id()
+            index = msg_id.partition()
+            partition = self._feed.partition_of(index) if index < 0 else index
+            position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+            marker = MARKER_PROPERTY in properties
+            if marker:
+                self._count_marker(message, properties, position)
+            events.append(Received(partition, position, message, marker))
+        delivered = [
+            message for message, commands in zip(messages, self._feed.report_all(events), strict=True)
+            if any(type(command) is Deliver for command in commands)
+        ]  # fmt: skip
+        current = self._feed.engine.current
+        if current is not None:
+            for message in delivered:
+                self._note_lateness(message, current)
+        return delivered
 
     def _receive_before(self, deadline: float | None) -> pulsar.Message:
         """The Pulsar consumer's next message, waiting at most until `deadline` (None: as long as it takes)."""
-        if deadline is None:
-            return self._on_consumer(lambda c: c.receive())
-        left = max(0, int((deadline - time.monotonic()) * 1000))
-        return self._on_consumer(lambda c: c.receive(timeout_millis=left))
+        left = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+        if self._subscribed.is_set():  # the hot path: no seek is replacing the consumer
+            consumer = self._consumer
+            with contextlib.suppress(pulsar.AlreadyClosed):
+                return consumer.receive(left)
+        return self._on_consumer(lambda c: c.receive(left))
 
     def _on_message(self, _consumer: pulsar.Consumer, message: pulsar.Message) -> None:
-        """Runs on the client's listener thread: hide markers, queue data for the dispatcher.
+        """Runs on the client's listener thread: tell the engine; its deliveries go to the dispatcher.
 
         Waits for `subscribe` to return first: the first messages can arrive before it does, and
-        acknowledging them (a marker here, data in the listener) needs the consumer it returns.
+        acknowledging them (a marker here, data in the listener) needs the consumer it returns. Waits
+        while the listener has `receiver_queue_size` messages waiting, so the client keeps the rest.
         """
         self._subscribed.wait()
         if self._closed or "_consumer" not in self.__dict__:
             return
         try:
-            if self._is_seek_target(message):
-                return
-            properties = message.properties()
-            is_marker = MARKER_PROPERTY in properties
-            self._observe(message, queued=not is_marker)
-            if is_marker:
-                self._hide_marker(message, properties)
-            else:
-                self._queue.put(message)
+            with self._inbox_changed:
+                while self._feed.engine.pending + len(self._inbox) >= self._room and not self._closed:
+                    self._inbox_changed.wait(0.5)
+            self._received(message)
         except Exception:
             if self._closed:  # closed meanwhile (e.g. acknowledging a marker): the broker redelivers it
                 log.debug("message %s of %s arrived while closing", message.message_id(), self.topic, exc_info=True)
             else:
                 log.exception("handling message %s of %s failed", message.message_id(), self.topic)
 
-    def _dispatch(self) -> None:
-        """The one thread that calls the listener, for messages and watermarks alike.
+    def _perform(self, commands: list[Command]) -> None:
+        """Listener (under the feed's lock): deliveries and watermarks to the dispatcher, in the engine's order."""
+        items = [c for c in commands if isinstance(c, Deliver | HandWatermark)]
+        if items:
+            with self._inbox_changed:
+                self._inbox.extend(items)
+                self._inbox_changed.notify_all()
 
-        Before each message it waits until the message's partition is trusted (the watermark
-        recomputed after a move back has arrived) and hands over what the listener may hold then.
-        """
+    def _dispatch(self) -> None:
+        """The one thread that calls the listener, for messages and watermarks alike, in the engine's order."""
         assert self._listener is not None
         while True:
-            item = self._queue.get()
+            with self._inbox_changed:
+                while not self._inbox:
+                    self._inbox_changed.wait()
+                item = self._inbox.popleft()
+                self._inbox_changed.notify_all()
             if item is _STOP or self._closed:
                 return
             try:
-                if item is _WAKE:
-                    self._wake_queued.clear()
-                    self._hand_watermark()
-                    continue
-                if not self._feed.wait_to_hand_over(self._position(item)[0], lambda: self._closed):
-                    return
-                try:
-                    self._hand_watermark()
-                finally:  # after the watermark it comes under; and never left counted as queued
-                    self._feed.handed_over(*self._position(item))
-                self._note_lateness(item, self._delivered)
-                self._listener.received(self, item)
+                if isinstance(item, HandWatermark):
+                    self._handed = None if item.withdrawn else item.watermark
+                    if item.withdrawn:
+                        self._listener.watermark_withdrawn(self)
+                    else:
+                        self._listener.received_watermark(self, item.watermark)
+                elif isinstance(item, Deliver):
+                    message: pulsar.Message = item.token
+                    self._note_lateness(message, self._handed)
+                    self._listener.received(self, message)
             except Exception:
                 log.exception("the listener of %r on %s raised; continuing", self.subscription, self.topic)
-
-    def _hand_watermark(self) -> None:
-        """Hand the listener what it may hold now: a new value, or none; the same value silently."""
-        assert self._listener is not None
-        new = self._feed.listener_watermark(self._delivered)
-        previous, self._delivered = self._delivered, new
-        if new == previous:
-            return  # the same event time (maybe computed at other positions): not handed over again
-        if new is None:
-            self._listener.watermark_withdrawn(self)
-        else:
-            self._listener.received_watermark(self, new)
 
     # -- pass-through --------------------------------------------------------------------------------
 
@@ -279,16 +311,23 @@ class WatermarkConsumer:
         """Acknowledge a message or message id; held back while it would let the subscription pass a
         position it moved back to before the watermark recomputed there has arrived (then sent)."""
         partition, position = self._position(message)
-        self._feed.acknowledge(partition, position, lambda: self._on_consumer(lambda c: c.acknowledge(message)))
+        self._feed.report(Acknowledged(partition, position, functools.partial(self._send_acknowledgement, message)))
+
+    def _send_acknowledgement(self, message: Any) -> None:
+        if self._subscribed.is_set():  # the hot path: no seek is replacing the consumer
+            consumer = self._consumer
+            with contextlib.suppress(pulsar.AlreadyClosed):
+                consumer.acknowledge(message)
+                return
+        self._on_consumer(lambda c: c.acknowledge(message))
 
     def acknowledge_cumulative(self, message: Any) -> None:
         partition, position = self._position(message)
-        self._feed.acknowledge(
-            partition, position, lambda: self._on_consumer(lambda c: c.acknowledge_cumulative(message)),
-            cumulative=True,
-        )  # fmt: skip
+        send = lambda: self._on_consumer(lambda c: c.acknowledge_cumulative(message))  # noqa: E731
+        self._feed.report(Acknowledged(partition, position, send, cumulative=True))
 
     def negative_acknowledge(self, message: Any) -> None:
+        self._feed.report(NegativelyAcknowledged(*self._position(message)))
         self._on_consumer(lambda c: c.negative_acknowledge(message))
 
     def _on_consumer(self, action: Callable[[pulsar.Consumer], T]) -> T:
@@ -322,24 +361,21 @@ class WatermarkConsumer:
         stuck for good (chaos seed 776590, receiver queue 5). So after a seek by message id the
         consumer subscribes again (`_renew`), with no start message id.
         """
-        partitions: list[int] | None
+        partitions: tuple[int, ...] | None
         if isinstance(target, int) and not isinstance(target, bool):
-            partitions, entry = None, None
+            partitions, entry, skips = None, None, False
         else:
             index = target.partition()
-            partitions = [self._feed.partition_of(index)] if index >= 0 or len(self._feed.partitions) == 1 else None
-            entry = (target.ledger_id(), target.entry_id())
+            one = index >= 0 or len(self._feed.partitions) == 1
+            partitions = (self._feed.partition_of(index),) if one else None
+            entry, skips = (target.ledger_id(), target.entry_id()), self._skips_target(target)
         if self._listener is not None:  # nothing comes in between: what is queued now came before the seek
             self._consumer.pause_message_listener()
         try:
-            self._feed.send_held(partitions)
+            self._feed.report(Sought(partitions, entry, skips))  # sends the acknowledgements held first
             self._drop_queued(partitions)
             self._consumer.seek(target)
-            self._feed.seek(partitions, entry)
             if entry is not None and partitions is not None:
-                self._seek_targets.pop(partitions[0], None)
-                if self._skips_target(target):
-                    self._seek_targets[partitions[0]] = entry
                 self._renew()
         finally:
             if self._listener is not None:
@@ -360,20 +396,6 @@ class WatermarkConsumer:
         finally:
             self._subscribed.set()
 
-    def _is_seek_target(self, message: pulsar.Message, *, observed: bool = False) -> bool:
-        """Whether `message` is a seek's target coming first after the seek: acknowledged and dropped then, as
-        Pulsar resumes after the target (`seek`); any first message of its partition ends the wait for it."""
-        if not self._seek_targets:
-            return False
-        partition, position = self._position(message)
-        target = self._seek_targets.pop(partition, None)
-        if target is None or position != position_of(*target):
-            return False
-        if not observed:
-            self._observe(message)
-        self.acknowledge(message)
-        return True
-
     def _skips_target(self, target: Any) -> bool:
         """Whether Pulsar resumes after `target` without acknowledging it (a real, unbatched message id)."""
         if self._inclusive_seek or target.batch_index() >= 0:
@@ -382,19 +404,19 @@ class WatermarkConsumer:
         return ledger >= 0 and entry >= 0 and (ledger, entry) != (pulsar.MessageId.latest.ledger_id(),
                                                                    pulsar.MessageId.latest.entry_id())  # fmt: skip
 
-    def _drop_queued(self, partitions: list[int] | None) -> None:
-        """Forget the messages of these partitions (None: all) waiting for the listener."""
+    def _drop_queued(self, partitions: tuple[int, ...] | None) -> None:
+        """Forget the deliveries of these partitions (None: all) waiting for the listener."""
         if self._listener is None:
             return
-        with self._queue.mutex:
+        with self._inbox_changed:
             kept = [
-                item for item in self._queue.queue
-                if not isinstance(item, pulsar.Message)
-                or (partitions is not None and self._position(item)[0] not in partitions)
+                item for item in self._inbox
+                if not isinstance(item, Deliver)
+                or (partitions is not None and self._position(item.token)[0] not in partitions)
             ]  # fmt: skip
-            self._queue.queue.clear()
-            self._queue.queue.extend(kept)
-            self._queue.not_full.notify_all()
+            self._inbox.clear()
+            self._inbox.extend(kept)
+            self._inbox_changed.notify_all()
 
     def __getattr__(self, name: str) -> Any:
         """Everything else (`unsubscribe`, `pause_message_listener`, ...) is the underlying `pulsar.Consumer`'s."""
@@ -417,8 +439,9 @@ class WatermarkConsumer:
 
     def _stop_dispatcher(self) -> None:
         if self._dispatcher is not None:
-            with contextlib.suppress(queue.Full):  # full: the dispatcher sees `_closed` at its next item
-                self._queue.put_nowait(_STOP)
+            with self._inbox_changed:
+                self._inbox.appendleft(_STOP)
+                self._inbox_changed.notify_all()
             self._dispatcher.join(timeout=5)
 
     def __enter__(self) -> WatermarkConsumer:

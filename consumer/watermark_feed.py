@@ -7,12 +7,10 @@ current watermark at once, and reading on gives every change after it. Events co
 only, and an event that names another topic or subscription is ignored.
 
 Each event names the mark-delete position it was computed at, and holds only for messages after
-it. Which event may stand over which message is the trust rule of `watermark_core.trust`; the feed
-is its I/O shell: it feeds the rule the events it reads and the messages and acknowledgements the
-consumer reports, holds back the acknowledgements the rule asks it to hold, gives up waiting for a
-recomputed watermark after `fallback_wait_s` when it can fall back on an event or head event it
-read (the watermark at a position of the log), else after `recompute_wait_s`, and follows
-partitions added to the topic later.
+it. Which event may stand over which message, which acknowledgement waits, how long a partition that
+moved back waits for the generator: all that is decided by the consumer's engine (consumer/engine.py).
+The feed owns the engine and its lock: it reads the companion topic into it on its own thread, ticks
+it, looks for partitions added to the topic, and passes on what the consumer reports (`handle`).
 """
 
 from __future__ import annotations
@@ -21,37 +19,43 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import pulsar
 
+from consumer.engine import (
+    FALLBACK_WAIT_S,
+    RECOMPUTE_WAIT_S,
+    Command,
+    ConsumerEngine,
+    Event,
+    GaveUp,
+    HeadRead,
+    Limits,
+    PartitionsChanged,
+    SendAcknowledgement,
+    Tick,
+    WatermarkRead,
+)
 from pulsar_access.errors import explained, service_url_of
 from pulsar_access.topics import base_topic_and_partition, watermark_topic_for
 from watermark_core.protocol import (
     EVENT_PROPERTY,
     HEAD_WATERMARK,
     MalformedMarker,
-    Position,
     Watermark,
     WatermarkEvent,
     decode_head,
     decode_table,
 )
-from watermark_core.trust import Entry, WatermarkTrust
 
 log = logging.getLogger(__name__)
 
 CATCH_UP_LIMIT_S = 10.0
-RECOMPUTE_WAIT_S = 30.0
-"""How long a partition that moved back waits for a watermark computed before its messages, at most."""
-FALLBACK_WAIT_S = 5.0
-"""How long it waits when it remembers a fact of the log to fall back on (`WatermarkTrust.fallback`):
-the generator recomputes within about a second of a move back (`make bench`, seek), so a longer wait
-means it will not (a Shared copy acknowledged elsewhere) or cannot now (it is restarting)."""
 PARTITION_REFRESH_S = 10.0
 """How often the feed of a partitioned topic looks for partitions added to it."""
 
-Send = Callable[[], None]
+Perform = Callable[[list[Command]], None]
 
 
 def partition_indexes(client: pulsar.Client, topic: str) -> list[int]:
@@ -66,10 +70,13 @@ def partition_indexes(client: pulsar.Client, topic: str) -> list[int]:
 class WatermarkFeed:
     """The subscription's watermark: the minimum over the partitions it reads, as far as it can be trusted.
 
-    `on_change(current)` runs on the feed's thread whenever what a listener may hold can have
-    changed; `current` is the strict watermark (None while a partition has none or is distrusted).
-    `partitions` fixes the partitions; by default they are the topic's, and for a partitioned topic
-    partitions added later join (without a watermark, they hold the minimum back until they have one).
+    `on_change(current)` runs on the feed's thread whenever the engine's `current` changed after
+    something the feed read; without `listener` it is the strict watermark (None while a partition has
+    none or is distrusted). `partitions` fixes the partitions; by default they are the topic's, and for a
+    partitioned topic partitions added later join. `perform(commands)` carries out what the engine asks
+    after an event the feed read (by default: send the acknowledgements it releases); it runs under
+    the feed's lock, so commands of all threads keep the engine's order; the acknowledgements are sent
+    after it, by calling their token (or `acknowledge(token)` for a message the engine skipped).
     """
 
     def __init__(
@@ -83,25 +90,25 @@ class WatermarkFeed:
         recompute_wait_s: float = RECOMPUTE_WAIT_S,
         fallback_wait_s: float = FALLBACK_WAIT_S,
         partition_refresh_s: float = PARTITION_REFRESH_S,
+        listener: bool = False,
+        perform: Perform | None = None,
+        acknowledge: Callable[[object], None] | None = None,
     ) -> None:
         self.topic, own_partition = base_topic_and_partition(topic)
         self.subscription = subscription
-        self.recompute_wait_s = recompute_wait_s
-        self.fallback_wait_s = min(fallback_wait_s, recompute_wait_s)
         self._client = client
         self._topic_name = topic
         self._on_change = on_change
+        self._perform = perform
+        self._acknowledge = acknowledge
         indexes = partitions if partitions is not None else partition_indexes(client, topic)
         self._follow_new_partitions = partitions is None and own_partition == -1 and indexes != [-1]
         self._partition_refresh_s = partition_refresh_s
-        self._trust = WatermarkTrust(indexes)
-        self._cond = threading.Condition()
-        self._held: dict[int, list[Send]] = {}
-        self._distrusted_since: dict[int, float] = {}
-        self._current: Watermark | None = None
+        limits = Limits(min(fallback_wait_s, recompute_wait_s), recompute_wait_s)
+        self.engine = ConsumerEngine(indexes, listener=listener, limits=limits, follow_new=self._follow_new_partitions)
+        self.lock = threading.Lock()
+        """Held while the engine handles an event and its commands are queued or carried out."""
         self.malformed_events = 0
-        self.gave_up = 0
-        """How often a partition stopped waiting for a recomputed watermark (see `recompute_wait_s`)."""
         companion = watermark_topic_for(topic)
         with explained(service_url=service_url_of(client), topic=companion, doing="read the watermarks from"):
             self._reader = client.create_reader(companion, pulsar.MessageId.earliest, is_read_compacted=True)
@@ -116,170 +123,106 @@ class WatermarkFeed:
 
     @property
     def current(self) -> Watermark | None:
-        """The strict watermark: None while any partition has none or is distrusted."""
-        return self._current  # one attribute read: atomic, no lock on the message path
+        """The engine's watermark (strict without a listener): one attribute read, no lock."""
+        return self.engine.current
 
     @property
     def partitions(self) -> list[int]:
-        with self._cond:
-            return self._trust.partitions
+        return self.engine.partitions
+
+    @property
+    def gave_up(self) -> int:
+        """How often a partition stopped waiting for a recomputed watermark (see `recompute_wait_s`)."""
+        return self.engine.gave_up
 
     def partition_of(self, index: int) -> int:
         """Our name of a message id's partition index (-1 from a consumer of one partition topic)."""
-        with self._cond:
-            known = self._trust.partitions
-        if index < 0 and len(known) == 1:
-            return known[0]
+        if index < 0:
+            known = self.engine.partitions
+            if len(known) == 1:
+                return known[0]
         return index
 
-    def listener_watermark(self, delivered: Watermark | None) -> Watermark | None:
-        """What a listener that holds `delivered` may hold now (see `WatermarkTrust.listener_watermark`)."""
-        with self._cond:
-            return self._trust.listener_watermark(delivered)
+    # -- events ----------------------------------------------------------------------------------------
 
-    def wait_to_hand_over(self, partition: int, stop: Callable[[], bool]) -> bool:
-        """Block until a message of `partition` may be handed over; False if `stop()` became true first."""
-        with self._cond:
-            while not self._trust.may_hand_over(partition):
-                if stop() or self._stop.is_set():
-                    return False
-                self._cond.wait(0.5)
-        return True
+    def report(self, event: Event) -> list[Command]:
+        """An event the consumer reports: `perform` under the lock, acknowledgements sent; the commands."""
+        with self.lock:
+            commands = self.engine.handle(event, time.monotonic())
+            if commands and self._perform is not None:
+                self._perform(commands)
+        if commands:
+            self._send_acknowledgements(commands)
+        return commands
 
-    # -- what the consumer reports -----------------------------------------------------------------
+    def report_all(self, events: list[Event]) -> list[list[Command]]:
+        """`report` for many events under one lock (a batch received): the commands of each."""
+        with self.lock:
+            now = time.monotonic()
+            answers = [self.engine.handle(event, now) for event in events]
+            if self._perform is not None:
+                for commands in answers:
+                    if commands:
+                        self._perform(commands)
+        for commands in answers:
+            if commands:
+                self._send_acknowledgements(commands)
+        return answers
 
-    def observe(self, partition: int, position: Position, *, queued: bool = False) -> None:
-        """A message (data or marker) arrived at `position`, before anyone sees it; `queued`: it waits for
-        the listener (then `handed_over`)."""
-        with self._cond:
-            if partition not in self._trust.partitions:
-                self._trust.add_partition(partition)
-            self._trust.on_message(partition, position, queued=queued)
-            released, changed = self._settle()
-        self._after(released, changed)
+    def _feed(self, event: Event) -> None:
+        """An event the feed itself read or timed: its commands carried out, the change told."""
+        with self.lock:
+            before = self.engine.current
+            commands = self.engine.handle(event, time.monotonic())
+            if commands and self._caught_up and self._perform is not None:  # catching up: history (`_catch_up`)
+                self._perform(commands)
+            after = self.engine.current
+        if commands:
+            self._send_acknowledgements(commands)
+            for command in commands:
+                if isinstance(command, GaveUp):
+                    self._log_gave_up(command)
+        if self._caught_up and (after != before or (after is None) != (before is None)):
+            self._on_change(after)
 
-    def handed_over(self, partition: int, position: Position) -> None:
-        """A queued message is being handed to the listener (see `WatermarkTrust.on_handed_over`)."""
-        with self._cond:
-            if partition not in self._trust.partitions:
-                return
-            self._trust.on_handed_over(partition, position)
-            released, changed = self._settle()
-        self._after(released, changed)
+    def _send_acknowledgements(self, commands: list[Command]) -> None:
+        for command in commands:
+            if isinstance(command, SendAcknowledgement):
+                try:
+                    if callable(command.token):
+                        command.token()
+                    elif self._acknowledge is not None:
+                        self._acknowledge(command.token)
+                except Exception:  # a closed consumer: the broker redelivers; nothing to hold any more
+                    log.debug("an acknowledgement on %s could not be sent", self.topic, exc_info=True)
 
-    def acknowledge(self, partition: int, position: Position, send: Send, *, cumulative: bool = False) -> None:
-        """Acknowledge with `send()` now, or later if the trust rule holds it back (it covers the floor)."""
-        with self._cond:
-            if partition not in self._trust.partitions:
-                hold = False
-            elif cumulative:
-                hold = self._trust.on_acknowledged_through(partition, position)
-            else:
-                hold = self._trust.on_acknowledged(partition, position)
-            if hold:
-                self._held.setdefault(partition, []).append(send)
-            released, changed = self._settle()
-        if not hold:
-            send()
-        self._after(released, changed)
-
-    def send_held(self, partitions: Iterable[int] | None) -> None:
-        """Send the acknowledgements held for these partitions (None: all) now: before a seek, as the
-        Pulsar client sends what the application acknowledged before it seeks."""
-        with self._cond:
-            chosen = list(self._held) if partitions is None else [p for p in partitions if p in self._held]
-            released = [send for p in chosen for send in self._held.pop(p)]
-        self._after(released, changed=False)
-
-    def seek(self, partitions: Iterable[int] | None, target: Entry | None) -> None:
-        """The consumer sought these partitions (None: all) to `target` (None: unknown, by publish time)."""
-        with self._cond:
-            chosen = self._trust.partitions if partitions is None else list(partitions)
-            self._trust.on_seek([p for p in chosen if p in self._trust.partitions], target)
-            released, changed = self._settle(changed=True)
-        self._after(released, changed)
-
-    # -- the trust rule's consequences -------------------------------------------------------------
-
-    def _settle(self, changed: bool = False) -> tuple[list[Send], bool]:
-        """After any input (under the lock): collect acknowledgements to release, note distrust times."""
-        released: list[Send] = []
-        for partition in self._trust.drain_regained():
-            released += self._held.pop(partition, [])
-            changed = True
-        now = time.monotonic()
-        for partition in self._trust.partitions:
-            if self._trust.distrusting(partition):
-                self._distrusted_since.setdefault(partition, now)
-            else:
-                self._distrusted_since.pop(partition, None)
-        current = self._trust.watermark()
-        if current != self._current or (current is None) != (self._current is None):
-            changed = True
-        self._current = current
-        if changed:
-            self._cond.notify_all()
-        return released, changed
-
-    def _after(self, released: list[Send], changed: bool) -> None:
-        """Outside the lock: send released acknowledgements, tell the consumer."""
-        for send in released:
-            try:
-                send()
-            except Exception:  # a closed consumer: the broker redelivers; nothing to hold any more
-                log.debug("a held acknowledgement on %s could not be sent", self.topic, exc_info=True)
-        if changed and self._caught_up:
-            self._on_change(self._current)
-
-    def _check_time_limits(self) -> None:
-        """A partition distrusted for longer than `fallback_wait_s` with a fact to fall back on, or than
-        `recompute_wait_s` without, gives up waiting (and says so)."""
-        now = time.monotonic()
-        with self._cond:
-            late = [
-                p for p, since in self._distrusted_since.items()
-                if now - since >= self.recompute_wait_s
-                or (now - since >= self.fallback_wait_s and self._trust.fallback(p) is not None)
-            ]  # fmt: skip
-            waited = {p: now - self._distrusted_since[p] for p in late}
-            floors = {p: self._trust.state(p).floor for p in late}
-            released: list[Send] = []
-            for partition in late:
-                self._trust.give_up(partition)
-                released += self._held.pop(partition, [])
-                self.gave_up += 1
-            fallbacks = {p: self._trust.state(p).held for p in late}
-            more, changed = self._settle(changed=bool(late))
-        for partition in late:
-            fallback = fallbacks[partition]
-            going_on = (
-                "going on without a watermark until the generator publishes one"
-                if fallback is None or fallback.event_time is None
-                else f"going on with the watermark {fallback.event_time} the log had at {fallback.position}"
-            )
-            log.log(
-                logging.INFO if fallback is not None and fallback.event_time is not None else logging.WARNING,
-                "subscription %r of %s, partition %d moved back to %s, and no watermark computed before it "
-                "arrived within %.1f s; %s (is 'broker-ext serve' running? In a Shared subscription, another "
-                "consumer may have acknowledged its copy of a message this one holds)",
-                self.subscription, self.topic, partition, floors[partition], waited[partition], going_on,
-            )  # fmt: skip
-        self._after(released + more, changed)
+    def _log_gave_up(self, gave_up: GaveUp) -> None:
+        fallback = gave_up.fallback
+        going_on = (
+            "going on without a watermark until the generator publishes one"
+            if fallback is None or fallback.event_time is None
+            else f"going on with the watermark {fallback.event_time} the log had at {fallback.position}"
+        )
+        log.log(
+            logging.INFO if fallback is not None and fallback.event_time is not None else logging.WARNING,
+            "subscription %r of %s, partition %d moved back to %s, and no watermark computed before it "
+            "arrived within %.1f s; %s (is 'broker-ext serve' running? In a Shared subscription, another "
+            "consumer may have acknowledged its copy of a message this one holds)",
+            self.subscription, self.topic, gave_up.partition, gave_up.floor, gave_up.waited, going_on,
+        )  # fmt: skip
 
     def _refresh_partitions(self) -> None:
-        """Partitions added to the topic join the minimum, without a watermark until they have one."""
+        """Partitions added to the topic join (see `WatermarkTrust.add_partition`)."""
         try:
             indexes = partition_indexes(self._client, self._topic_name)
         except Exception:
             log.debug("looking up the partitions of %s failed; trying again later", self.topic, exc_info=True)
             return
-        with self._cond:
-            added = [p for p in indexes if p >= 0 and self._trust.add_partition(p)]
-            released, changed = self._settle(changed=bool(added))
+        added = [p for p in indexes if p >= 0 and p not in self.engine.trust]
         if added:
             log.info("%s: partitions %s added; following them for subscription %r", self.topic, added,
                      self.subscription)  # fmt: skip
-        self._after(released, changed)
+            self._feed(PartitionsChanged(tuple(indexes)))
 
     # -- reading the companion topic ---------------------------------------------------------------
 
@@ -300,7 +243,7 @@ class WatermarkFeed:
     def _run(self) -> None:
         next_refresh = time.monotonic() + self._partition_refresh_s
         while not self._stop.is_set():
-            self._check_time_limits()
+            self._feed(Tick())
             if self._follow_new_partitions and time.monotonic() >= next_refresh:
                 self._refresh_partitions()
                 next_refresh = time.monotonic() + self._partition_refresh_s
@@ -345,26 +288,17 @@ class WatermarkFeed:
         except MalformedMarker as exc:
             log.debug("skipping malformed head event at %s: %s", message.message_id(), exc)
             return
-        with self._cond:
-            if head.topic == self.topic and head.partition in self._trust.partitions:
-                self._trust.on_fact(head.partition, head.position, head.event_time)
+        if head.topic == self.topic:
+            self._feed(HeadRead(head.partition, head.position, head.event_time))
 
     def _apply(self, event: WatermarkEvent) -> None:
         if event.subscription != self.subscription or event.topic != self.topic:
             return
-        with self._cond:
-            if event.partition not in self._trust.partitions:
-                if not (self._follow_new_partitions and event.partition >= 0):
-                    return
-                self._trust.add_partition(event.partition)
-            self._trust.on_event(event.partition, event.position, event.event_time)
-            released, changed = self._settle(changed=True)
-        self._after(released, changed)
+        if event.partition >= 0 or not self._follow_new_partitions:
+            self._feed(WatermarkRead(event.partition, event.position, event.event_time))
 
     def close(self) -> None:
         self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
         self._thread.join(timeout=2)
         with contextlib.suppress(pulsar.PulsarException):
             self._reader.close()

@@ -29,31 +29,39 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
 - **seeks**: `on_seek` distrusts at once, with the seek's target as a provisional floor that the
   first message after it replaces (a seek into a deleted ledger lands later than its target; a
   seek by publish time has no known target and takes the held event's position); a seek forward
-  of the held event's position, known from its target or from that first message, changes
-  nothing: a watermark computed before it holds for everything after it (but a later event the
-  first message contradicts distrusts from that message, as in `on_event`);
+  of the held event's position, known from its target or from that first message, keeps the held
+  watermark: computed before it, it holds for everything after it (but a later event computed at or
+  after the target was read before the seek, and the entries between come again: it is dropped; and a
+  later event the first message contradicts distrusts from that message, as in `on_event`). A seek to
+  the start (`BEFORE_ALL`) needs no wait: the fold there is no watermark, a fact;
+- **negative acknowledgements**: a nacked message is not outstanding any more (it may go to another
+  consumer, or to a dead-letter topic); if it comes back it is received again;
 - **facts**: every event read, and every head event (`on_fact`: the watermark at a position of the
   log, which the generator publishes as it reads), says what the fold of the log is at its
   position; that stays true whatever the subscription does later (contract section 1: a pure
   function of the log), so such a fact holds for every message after its position. The partition
   remembers the last `FACTS_KEPT` of them;
 - **giving up**: `give_up` (the caller's time limits; `fallback` says what it would hold) stops
-  waiting for the generator and falls back
-  on the best remembered fact: the one at the latest position that is before every message the
-  partition protects and not after the latest event (a fact beyond what the subscription was
-  last seen at would only distrust the messages still to come). Without one, the partition's
-  watermark is withdrawn. Then it accepts the next event that no unacknowledged message
-  contradicts, and takes the latest event as soon as nothing contradicts it any more (an
-  acknowledgement, a hand-over). This is what ends the wait in a Shared subscription where another
-  consumer acknowledged its copy of a message this one holds: the generator never computes a
-  watermark before that message again (chaos seed 214393). Callers log it. After a seek that
-  delivered nothing at all it trusts the held and latest events again instead.
+  waiting for the generator and falls back on the best remembered fact (the held event counts as
+  one): the one at the latest position that is before every message the partition protects, at or
+  before the `frontier` (the latest entry delivered since the move back: everything after it may
+  still come) and not after the latest event (a fact beyond what the subscription was last seen at
+  would only distrust the messages still to come). Without one, the partition's watermark is
+  withdrawn. Then (`guarded`) it takes an event only at or before the frontier, as soon as nothing
+  contradicts it: an event read now may have been computed before the move back, and one beyond
+  what came since would stand over entries still to come (issue 25, case 1). This is what ends the
+  wait in a Shared subscription where another consumer acknowledged its copy of a message this one
+  holds: the generator never computes a watermark before that message again (chaos seed 214393).
+  Callers log it.
 
 Partitioned topics: a consumer's watermark is the minimum over partitions. `watermark()` is the
 strict view (None while any partition has none or is distrusted); `listener_watermark()` is what a
 listener may hold: a distrusted partition keeps its old value there because its messages are not
-handed over until it is trusted again, and a partition without any event yet (added to the topic
-later) holds the listener's watermark where it is rather than taking it away.
+handed over until it is trusted again, and a partition without any event yet holds the listener's
+watermark where it is rather than taking it away. A partition added to a live topic (`add_partition`,
+`live`) holds both views where they were when it came, until its own watermark reaches that: the
+subscription did not move back, so its watermark does not go back; the new partition's older messages
+are late, as a late producer's.
 """
 
 from __future__ import annotations
@@ -123,6 +131,15 @@ class PartitionTrust:
     or after one of them is taken before it has been handed over."""
     facts: deque[Computed] = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
     """The last events and head events read: what the log's fold is at their positions (see `give_up`)."""
+    frontier: Entry | None = None
+    """The latest entry delivered since the last move back (a seek's known target before the first one):
+    everything after it may still come, so no fact beyond it may stand (see `give_up`)."""
+    guarded: bool = False
+    """After `give_up` or a seek to the start: events read may have been computed before the move back
+    (the companion topic's reader lags), so one is taken only at or before the frontier."""
+    joining: Computed | None = None
+    """Added to a live topic: counts in the minimum with this (the minimum when it was added) until its own
+    watermark reaches it, so the watermark neither goes back nor passes it (see `add_partition`)."""
 
     @property
     def distrusting(self) -> bool:
@@ -138,6 +155,12 @@ class PartitionTrust:
         """Whether an event computed at `position` is before everything this partition protects."""
         if self.floor is not None and position >= self.floor:
             return False
+        if self.guarded and (
+            self.frontier is None
+            or position > self.frontier
+            or (self.held is not None and position < self.held.position)
+        ):
+            return False  # beyond what came since the move back, or older than the fact held: read late
         low, queued = self.lowest_outstanding(), self.lowest_queued()
         return (low is None or position < low) and (queued is None or position < queued)
 
@@ -159,12 +182,31 @@ class WatermarkTrust:
     def partitions(self) -> list[int]:
         return sorted(self._partitions)
 
-    def add_partition(self, partition: int) -> bool:
-        """Follow one more partition (added to the topic later); True if it is new."""
+    def add_partition(self, partition: int, *, live: bool = False) -> bool:
+        """Follow one more partition; True if it is new.
+
+        `live`: added to a live topic. Its messages may be older than the watermark the others hold
+        (they are late, as a late producer's), and the subscription did not move back: it holds the
+        watermark where it is until its own reaches it, and then joins the minimum.
+        """
         if partition in self._partitions:
             return False
-        self._partitions[partition] = PartitionTrust()
+        now = self.listener_watermark(None) if live else None
+        self._partitions[partition] = PartitionTrust(
+            joining=None if now is None else Computed(BEFORE_ALL, now.event_time)
+        )
         return True
+
+    def __contains__(self, partition: int) -> bool:
+        return partition in self._partitions
+
+    def get(self, partition: int) -> PartitionTrust | None:
+        return self._partitions.get(partition)
+
+    @property
+    def regained(self) -> bool:
+        """Whether a partition was trusted again since `drain_regained` was called last."""
+        return bool(self._regained)
 
     def state(self, partition: int) -> PartitionTrust:
         """The partition's state, to read (tests and logs); KeyError for one not followed."""
@@ -180,6 +222,8 @@ class WatermarkTrust:
         state.facts.append(event)
         if state.floor is not None:
             return Outcome.REGAINED if self._reconsider(partition) else Outcome.IGNORED
+        if state.guarded:
+            return Outcome.ACCEPTED if self._take_latest(partition) else Outcome.IGNORED
         low = state.lowest_outstanding()
         if low is not None and event.position >= low:
             state.floor, state.provisional = low, False
@@ -188,6 +232,7 @@ class WatermarkTrust:
         if queued is not None and event.position >= queued:
             return Outcome.DEFERRED  # `latest`: taken when the copies before it have been handed over
         state.held = event
+        self._join(partition)
         return Outcome.ACCEPTED
 
     def on_fact(self, partition: int, position: Entry, event_time: int) -> None:
@@ -202,10 +247,12 @@ class WatermarkTrust:
         if queued:
             state.queued[position] = state.queued.get(position, 0) + 1
         entry = position[:2]
+        if state.frontier is None or entry > state.frontier:
+            state.frontier = entry
         if state.floor is not None and state.provisional:
             # The first message after a seek: where delivery really starts. After the held event's
             # position, the seek went forward of it and the held watermark holds again.
-            state.floor, state.provisional = entry, False
+            state.floor, state.provisional, state.frontier = entry, False, entry
             if state.held is not None and entry > state.held.position:
                 state.floor = None
                 self._regained.add(partition)
@@ -222,7 +269,17 @@ class WatermarkTrust:
         elif state.floor is not None:
             state.floor = min(state.floor, entry)
         elif state.held is not None and entry <= state.held.position:
-            state.floor = entry
+            state.floor = state.frontier = entry  # a move back: what comes next starts here
+        elif state.guarded and state.latest is not state.held:
+            self._take_latest(partition)  # the frontier passed it
+
+    def on_negatively_acknowledged(self, partition: int, position: Position) -> None:
+        """The application negatively acknowledged a message: it is not this consumer's any more (the broker
+        delivers it again, maybe to another consumer of a Shared subscription that acknowledges it, maybe to
+        a dead-letter topic); if it comes here again, it is received again."""
+        state = self._partitions[partition]
+        state.outstanding.discard(position)
+        self._take_latest(partition)
 
     def on_handed_over(self, partition: int, position: Position) -> None:
         """A queued copy of the message at `position` has been handed to the listener: an event held back
@@ -263,26 +320,34 @@ class WatermarkTrust:
         for partition in partitions:
             state = self._partitions[partition]
             state.outstanding, state.queued = set(), {}
-            if state.held is None:
-                continue  # nothing to distrust; a stale event still meets the messages that come again
-            if target is None:
-                target = state.held.position  # by publish time: back of the held event, or forward
-            if target > state.held.position:
+            state.frontier, state.joining = target, None
+            if target is not None and target <= BEFORE_ALL:
+                # To the start: the fold there is no watermark, a fact. Events read from now on may
+                # still be from before the seek: only one at or before what came again is taken.
+                state.held = state.latest = WITHDRAWN
+                state.floor, state.provisional, state.guarded = None, False, True
+                self._regained.add(partition)
+                continue
+            # By publish time: back of the held event, or forward; the first message tells.
+            held = state.held.position if state.held is not None else BEFORE_ALL
+            point = target if target is not None else held
+            if state.held is not None and point > state.held.position:
                 # Forward: the held watermark was computed before everything from the target on,
-                # and what came before the target is not delivered any more.
+                # and what came before the target is not delivered any more. An event computed at
+                # or after the target may have been read before the seek: it is not taken.
+                if state.latest is not None and state.latest.position >= point:
+                    state.latest = state.held
                 if state.floor is not None:
                     state.floor, state.provisional = None, False
                     self._regained.add(partition)
-                self._take_latest(partition)  # refused for a message the seek skipped, maybe
+                self._take_latest(partition)
                 continue
-            state.floor, state.provisional = target, True
+            state.floor, state.provisional = point, True
 
     def fallback(self, partition: int) -> Computed | None:
-        """What `give_up` would hold now, if that is a watermark: the held event again after a seek that
-        delivered nothing, else the best remembered fact; None if giving up would withdraw it."""
+        """What `give_up` would hold now, if that is a watermark: the best remembered fact; None if giving
+        up would withdraw it."""
         state = self._partitions[partition]
-        if state.provisional:
-            return state.held
         fact = self._best_fact(state)
         return fact if fact is not None and fact.event_time is not None else None
 
@@ -291,8 +356,8 @@ class WatermarkTrust:
         everything the partition protects (none if there is no such fact), then the next event as it
         comes, and the latest one once nothing contradicts it.
 
-        If nothing arrived since a seek (it went to the end, or forward by publish time on a quiet
-        topic), nothing contradicts the held watermark, and the partition trusts it again instead.
+        If nothing arrived since a seek, the frontier is the seek's target (none by publish time:
+        then it withdraws until a message comes and an event at or before it is read).
 
         For when the generator does not publish one in time (it is down, or it missed the backward
         move, or another consumer acknowledged a redelivered copy of a message this one holds).
@@ -300,22 +365,22 @@ class WatermarkTrust:
         of them is still refused.
         """
         state = self._partitions[partition]
-        if state.provisional:
-            state.floor, state.provisional = None, False
-            self._take_latest(partition)
-            return
         state.held = self._best_fact(state) or WITHDRAWN
-        state.floor, state.provisional = None, False
+        state.floor, state.provisional, state.guarded = None, False, True
         self._take_latest(partition)
 
     @staticmethod
     def _best_fact(state: PartitionTrust) -> Computed | None:
         """The remembered fact at the latest position before every message `state` protects and not after
         its latest event (see `give_up`); None if there is none."""
+        if state.frontier is None:
+            return None  # nothing delivered since the move back: everything after it may come
         limits = [e for e in (state.lowest_outstanding(), state.lowest_queued()) if e is not None]
+        known = [*state.facts, state.held] if state.held is not None else list(state.facts)
         candidates = [
-            fact for fact in state.facts
+            fact for fact in known
             if all(fact.position < limit for limit in limits)
+            and fact.position <= state.frontier
             and (state.latest is None or fact.position <= state.latest.position)
         ]  # fmt: skip
         return max(candidates, key=lambda fact: fact.position, default=None)
@@ -333,9 +398,24 @@ class WatermarkTrust:
         state = self._partitions[partition]
         if state.latest is None or state.latest is state.held or not state.accepts(state.latest.position):
             return False
-        state.held, state.floor, state.provisional = state.latest, None, False
+        state.held, state.floor, state.provisional, state.guarded = state.latest, None, False, False
         self._regained.add(partition)
+        self._join(partition)
         return True
+
+    def _join(self, partition: int) -> None:
+        """A joining partition joins the minimum once its watermark reaches the one it holds."""
+        state = self._partitions[partition]
+        joining, held = state.joining, state.held
+        if joining is not None and held is not None and held.event_time is not None:
+            assert joining.event_time is not None
+            if held.event_time >= joining.event_time:
+                state.joining = None
+
+    @staticmethod
+    def _standing(state: PartitionTrust) -> Computed | None:
+        """What a partition counts with in the minimum: its held event, or what it holds while joining."""
+        return state.joining if state.joining is not None else state.held
 
     # -- outputs ------------------------------------------------------------------------------------
 
@@ -362,9 +442,10 @@ class WatermarkTrust:
         """The consumer's watermark, strictly: None while any partition has none or is distrusted."""
         parts: list[tuple[int, int, Entry]] = []
         for partition, state in sorted(self._partitions.items()):
-            if state.floor is not None or state.held is None or state.held.event_time is None:
+            standing = self._standing(state)
+            if (state.floor is not None and state.joining is None) or standing is None or standing.event_time is None:
                 return None
-            parts.append((state.held.event_time, partition, state.held.position))
+            parts.append((standing.event_time, partition, standing.position))
         return _combined(parts)
 
     def listener_watermark(self, delivered: Watermark | None) -> Watermark | None:
@@ -377,12 +458,13 @@ class WatermarkTrust:
         parts: list[tuple[int, int, Entry]] = []
         unknown = False
         for partition, state in sorted(self._partitions.items()):
-            if state.held is None:
+            standing = self._standing(state)
+            if standing is None:
                 unknown = True
-            elif state.held.event_time is None:
+            elif standing.event_time is None:
                 return None
             else:
-                parts.append((state.held.event_time, partition, state.held.position))
+                parts.append((standing.event_time, partition, standing.position))
         combined = _combined(parts)
         if not unknown:
             return combined

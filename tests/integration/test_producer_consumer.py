@@ -70,6 +70,30 @@ def test_receive_returns_only_data_and_acks_markers(
     producer.close()
 
 
+def test_batch_receive_returns_only_data_and_acks_markers(
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str
+) -> None:
+    topic = f"persistent://{namespace}/no-generator-batch"  # no generator follows this namespace
+    consumer = WatermarkConsumer(pulsar_client, topic, "sub")
+    producer = WatermarkProducer(pulsar_client, topic)
+    expected = []
+    for i in range(20):
+        producer.new_watermark().event_time(i).send()
+        producer.send(f"m{i}".encode(), event_timestamp=i)
+        expected.append(f"m{i}".encode())
+    got: list[bytes] = []
+    deadline = time.monotonic() + 20
+    while len(got) < len(expected) and time.monotonic() < deadline:
+        for message in consumer.batch_receive():
+            got.append(message.data())
+            consumer.acknowledge(message)
+    assert got == expected
+    assert consumer.markers_hidden == 20
+    wait_until(lambda: backlog(admin, topic, "sub") == 0, what="backlog 0")
+    consumer.close()
+    producer.close()
+
+
 def test_markers_go_to_every_partition(pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str) -> None:
     admin.create_topic(topic, partitions=3)
     producer = WatermarkProducer(pulsar_client, topic, producer_name="bcast")

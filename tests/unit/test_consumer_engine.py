@@ -1,0 +1,190 @@
+"""The consumer engine (consumer/engine.py): the issue's five cases and the examples around them.
+
+The log of every example: one honest producer on ledger L, a W_SET at each even entry 2k with event
+time 1000*k and a data message at each odd entry 2k+1 with event time 1000*k, so the fold of the log
+at entry e is 1000*(e//2) and a message at entry e has event time 1000*(e//2) too.
+"""
+
+from __future__ import annotations
+
+from consumer.engine import (
+    NO_WATERMARK,
+    Acknowledged,
+    Command,
+    ConsumerEngine,
+    Deliver,
+    HandWatermark,
+    HeadRead,
+    Limits,
+    NegativelyAcknowledged,
+    PartitionsChanged,
+    Received,
+    SendAcknowledgement,
+    Skip,
+    Sought,
+    Tick,
+    WatermarkRead,
+)
+from watermark_core.protocol import Watermark
+
+L = 7
+
+
+def pos(entry: int) -> tuple[int, int, int]:
+    return (L, entry, -1)
+
+
+def time_of(entry: int) -> int:
+    """The event time of the message at `entry`, and the fold of the log there."""
+    return 1000 * (entry // 2)
+
+
+class Drive:
+    """An engine and a clock; what it was handed, in order."""
+
+    def __init__(self, partitions: tuple[int, ...] = (-1,), *, listener: bool = False) -> None:
+        self.engine = ConsumerEngine(partitions, listener=listener, limits=Limits())
+        self.now = 0.0
+        self.out: list[Command] = []
+
+    def __call__(self, *events: object) -> list[Command]:
+        done: list[Command] = []
+        for event in events:
+            done += self.engine.handle(event, self.now)  # type: ignore[arg-type]
+        self.out += done
+        return done
+
+    def after(self, seconds: float) -> list[Command]:
+        self.now += seconds
+        return self(Tick())
+
+    def receive(self, *entries: int, partition: int = -1, ack: bool = True) -> None:
+        for entry in entries:
+            self(Received(partition, pos(entry), token=("msg", partition, entry), marker=entry % 2 == 0))
+            if ack and entry % 2 == 1:
+                self(Acknowledged(partition, pos(entry), token=("ack", partition, entry)))
+
+    def event(self, entry: int, partition: int = -1) -> None:
+        self(WatermarkRead(partition, (L, entry), time_of(entry) if entry >= 0 else None))
+
+    @property
+    def watermark(self) -> Watermark | None:
+        return self.engine.current
+
+    def handed(self) -> list[int | None]:
+        return [None if c.withdrawn else c.watermark.event_time for c in self.out if isinstance(c, HandWatermark)]
+
+
+def assert_not_premature(watermark: Watermark | None, first_to_come: int) -> None:
+    """No message still to come (the earliest at `first_to_come`) is older than the watermark."""
+    if watermark is not None:
+        assert watermark.event_time <= time_of(first_to_come), (watermark, first_to_come)
+
+
+# -- the issue's five cases --------------------------------------------------------------------------------
+
+
+def test_case_1_receive_path_after_a_seek_back_falls_back_on_nothing_computed_beyond_what_was_delivered() -> None:
+    """Failed on the old rule: the 5 s fallback took the pre-seek event (49 000) while entries 11..99 were to come."""
+    drive = Drive()
+    drive.receive(*range(100))
+    drive.event(99)
+    assert drive.watermark == Watermark(49_000)
+    drive(Sought((-1,), (L, 0)))  # seek back; the generator is slow to recompute
+    drive.receive(*range(1, 11))  # received and acknowledged while distrusted
+    assert drive.watermark is None
+    drive.after(6)  # past the fallback wait
+    assert_not_premature(drive.watermark, 11)
+    drive.after(30)
+    assert_not_premature(drive.watermark, 11)
+    drive.event(10)  # the recomputed watermark arrives at last
+    assert drive.watermark == Watermark(time_of(10))
+
+
+def test_case_2_a_seek_forward_of_the_held_event_does_not_take_an_event_computed_beyond_its_target() -> None:
+    """Failed on the old rule: the seek took the event at 30 (15 000) and entries 21..30 came again under it."""
+    drive = Drive()
+    drive.receive(*range(10))
+    drive.event(9)
+    drive.receive(11, ack=False)  # outstanding here; another consumer acknowledged its copy
+    drive.event(30)  # computed after that: distrusted for the message held
+    assert drive.watermark is None
+    drive(Sought((-1,), (L, 20)))  # between the held message and the event
+    assert_not_premature(drive.watermark, 21)
+    drive.receive(21, 23)
+    assert_not_premature(drive.watermark, 25)
+    drive.after(40)
+    assert_not_premature(drive.watermark, 25)
+    drive.event(24)  # recomputed after the seek
+    assert drive.watermark == Watermark(time_of(24))
+
+
+def test_case_3_a_negatively_acknowledged_message_acknowledged_elsewhere_does_not_hold_the_watermark() -> None:
+    """Failed on the old rule: the nacked message stayed outstanding; every later event was distrusted."""
+    drive = Drive()
+    drive.receive(*range(10))
+    drive.event(9)
+    drive.receive(11, ack=False)
+    drive(NegativelyAcknowledged(-1, pos(11)))  # redelivered to another Shared consumer, or dead-lettered
+    drive.event(20)  # that consumer acknowledged it
+    assert drive.watermark == Watermark(time_of(20))
+    drive.receive(21, 23)
+    drive.event(24)
+    assert drive.watermark == Watermark(time_of(24))
+
+
+def test_case_4_a_partition_added_to_a_live_topic_does_not_take_the_listener_back() -> None:
+    """Failed on the old rule: the listener went 500 -> withdrawn -> 200 without any move back."""
+    drive = Drive((0, 1), listener=True)
+    drive(WatermarkRead(0, (L, 9), 500), WatermarkRead(1, (L, 9), 600))
+    assert drive.handed() == [500]
+    drive(PartitionsChanged((0, 1, 2)))
+    drive(WatermarkRead(2, (L, -1), None))  # the new partition before its first W_SET
+    drive(WatermarkRead(2, (L, 3), 200))
+    drive(Received(2, pos(5), token="late"))  # its messages are late: handed over under 500
+    assert drive.out[-1] == Deliver("late")
+    drive(Acknowledged(2, pos(5), token="ack"))
+    assert drive.handed() == [500]
+    drive(WatermarkRead(0, (L, 11), 700), WatermarkRead(2, (L, 6), 650))  # it has caught up: it joins
+    assert drive.handed() == [500, 600]
+    drive(WatermarkRead(1, (L, 11), 800))
+    assert drive.handed() == [500, 600, 650]
+
+
+def test_case_5_many_head_events_while_a_message_is_held_do_not_withdraw_a_watermark_that_still_holds() -> None:
+    """Failed on the old rule: 300 head events pushed every fact before the held message out; withdrawn at 30 s."""
+    drive = Drive()
+    drive.receive(*range(10))
+    drive.event(9)
+    drive.receive(11, ack=False)  # held by the application; another consumer acknowledged a copy
+    drive.event(20)
+    for i in range(300):
+        drive(HeadRead(-1, (L, 100 + i), time_of(100 + i)))
+    drive.after(31)
+    assert drive.watermark == Watermark(time_of(9))
+
+
+# -- the README's listener after a seek to where no watermark holds ----------------------------------------
+
+
+def test_a_listener_is_handed_no_watermark_after_a_seek_to_before_the_first_w_set() -> None:
+    drive = Drive(listener=True)
+    drive.receive(*range(1, 20, 2))
+    drive.event(19)
+    assert drive.handed() == [time_of(19)]
+    drive.out.clear()
+    drive(Sought((-1,), (-1, -1)))  # earliest
+    drive(Received(-1, pos(-1 + 1), token="first"))  # entry 0..: data before the first W_SET
+    delivered = [c for c in drive.out if isinstance(c, Deliver | HandWatermark)]
+    assert delivered and delivered[0] == HandWatermark(NO_WATERMARK, withdrawn=True)
+    assert delivered[-1] == Deliver("first")
+
+
+def test_a_marker_and_a_skipped_seek_target_are_never_delivered_and_acknowledged() -> None:
+    drive = Drive()
+    out = drive(Received(-1, pos(0), token="m", marker=True))
+    assert out == [Skip("m"), SendAcknowledgement("m")]
+    drive.event(9)
+    drive(Sought((-1,), (L, 3), skips_target=True))
+    out = drive(Received(-1, pos(3), token="t"))
+    assert Skip("t") in out and not any(isinstance(c, Deliver) for c in out)
