@@ -1,6 +1,6 @@
 """`make bench`: every benchmark in one run against one real cluster; writes docs/BENCHMARKS.md.
 
-`python -m bench seek` (or any of client, generator, scale, spark, seek) runs only those, merging
+`python -m bench seek` (or any of client, generator, scale, spark, seek, sink) runs only those, merging
 their figures into docs/benchmarks.json.
 """
 
@@ -30,6 +30,7 @@ GROUPS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {
     "scale": ("generator at scale (issue 13)", _generator_scale),
     "spark": ("Spark (issues 5 and 14)", spark.run),
     "seek": ("seeks with consumers attached (issue 16)", seek.run),
+    "sink": ("the Spark sink, exactly once (issue 28)", spark.run_sink),
 }
 
 

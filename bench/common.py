@@ -87,6 +87,7 @@ GOALS = {
     "watermark_latency_cadence_p99_ms": "<= 400",
     "generator_ownership_max_share_3_instances": "<= 0.45",
     "seek_to_recomputed_watermark_p50_ms": "<= 1000",
+    "sink_exactly_once_vs_at_least_once_rate": ">= 0.8",
 }
 
 
