@@ -149,13 +149,12 @@ def check_deduplication(options: SinkOptions) -> int:
     admin = PulsarAdmin(options.settings())
     partitions, enabled = 0, True
     try:
-        partitions = admin.partitions(options.topic)
+        try:
+            partitions = admin.partitions(options.topic)
+        except TopicNotFound:
+            admin.create_topic(options.topic)  # what Pulsar's auto-creation would do at the first write
         if options.exactly_once:
-            try:
-                enabled = admin.deduplication_enabled(options.topic)
-            except TopicNotFound:
-                admin.create_topic(options.topic)  # what Pulsar's auto-creation would do at the first write
-                enabled = admin.deduplication_enabled(options.topic)
+            enabled = admin.deduplication_enabled(options.topic)
     except AdminError as exc:
         if exc.status not in (401, 403):
             raise
@@ -164,11 +163,11 @@ def check_deduplication(options: SinkOptions) -> int:
     finally:
         admin.close()
     if not enabled:
-        namespace = TopicName.parse(options.topic).namespace
+        name = TopicName.parse(options.topic)
         raise ValueError(
-            f"exactly-once output to {options.topic} needs Pulsar message deduplication, which is off there: "
-            f"turn it on with `pulsar-admin namespaces set-deduplication {namespace} --enable` (or "
-            f"`pulsar-admin topics set-deduplication {options.topic} --enable`), or write at least once with "
+            f"exactly-once output to {name.full} needs Pulsar message deduplication, which is off there: "
+            f"turn it on with `pulsar-admin namespaces set-deduplication {name.tenant_namespace} --enable` (or "
+            f"`pulsar-admin topics set-deduplication {name.full} --enable`), or write at least once with "
             ".option('deliveryGuarantee', 'at-least-once')"
         )
     return partitions
@@ -292,7 +291,8 @@ class PulsarStreamWriter(DataSourceStreamArrowWriter):
             strict=True,
         ))  # fmt: skip
         by_target: dict[int, list[int]] = {}
-        for row, target in enumerate(target_partitions([r[1] for r in rows], self.options.partitions)):
+        keys = [None if r[1] is None else str(r[1]) for r in rows]
+        for row, target in enumerate(target_partitions(keys, self.options.partitions)):
             by_target.setdefault(target, []).append(row)
         sent = 0
         for target, indexes in sorted(by_target.items()):
