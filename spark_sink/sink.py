@@ -300,6 +300,9 @@ class PulsarStreamWriter(DataSourceStreamArrowWriter):
             producer = _create_producer(client, self.options.service_url, topic, name, batching=True)
             try:
                 start = first_unsent(batch_id, len(indexes), producer.last_sequence_id())
+                if start:
+                    log.warning("%s: batch %d run again: %d of its %d rows from %s already written, not sent again",
+                                topic, batch_id, start, len(indexes), name)  # fmt: skip
                 for position in range(start, len(indexes)):
                     payload, kwargs = _message(*rows[indexes[position]])
                     producer.send_async(payload, None, sequence_id=sequence_id(batch_id, position), **kwargs)
@@ -341,7 +344,9 @@ class PulsarStreamWriter(DataSourceStreamArrowWriter):
         for topic in targets:
             producer = _create_producer(client, self.options.service_url, topic, name, batching=False)
             try:
-                if producer.last_sequence_id() < batch_id:
+                if producer.last_sequence_id() >= batch_id:
+                    log.warning("%s: batch %d run again: its W_SET already written, not sent again", topic, batch_id)
+                else:
                     producer.send(
                         encode_set(watermark),
                         properties={MARKER_PROPERTY: MarkerKind.W_SET.value},

@@ -85,14 +85,15 @@ class Driver:
         self.process.wait()
 
 
+def _last(checkpoint: Path, kind: str) -> int:
+    """The last batch id in the checkpoint's offset log (`offsets`) or commit log (`commits`)."""
+    ids = [int(p.name) for p in (checkpoint / kind).glob("*") if p.name.isdigit()]
+    return max(ids, default=-1)
+
+
 def _unfinished_batch(checkpoint: Path) -> bool:
     """A batch was planned (offset log) but not committed: Spark runs it again at the restart."""
-
-    def last(kind: str) -> int:
-        ids = [int(p.name) for p in (checkpoint / kind).glob("*") if p.name.isdigit()]
-        return max(ids, default=-1)
-
-    return last("offsets") > last("commits")
+    return _last(checkpoint, "offsets") > _last(checkpoint, "commits")
 
 
 class Events:
@@ -164,9 +165,14 @@ def test_each_window_is_written_exactly_once_across_random_sigkills_of_the_drive
     with (tmp_path / "driver.log").open("wb") as log:
         try:
             for _ in range(KILLS):
+                committed = _last(checkpoint, "commits")
                 driver = Driver(pulsar_settings, topic, output, checkpoint, log)
                 driver.wait_started()
-                time.sleep(rng.uniform(0.5, 6.0))  # anywhere in a batch: planning, reading, writing, committing
+                wait_until(
+                    lambda: _last(checkpoint, "commits") > committed or not driver.alive(),  # noqa: B023
+                    timeout_s=180, what="a batch of the restarted driver",
+                )  # fmt: skip
+                time.sleep(rng.uniform(0.0, 4.0))  # anywhere in a batch: planning, reading, writing, committing
                 assert driver.alive(), "the pipeline's driver died on its own (see driver.log)"
                 driver.kill()
                 unfinished += _unfinished_batch(checkpoint)
@@ -185,7 +191,13 @@ def test_each_window_is_written_exactly_once_across_random_sigkills_of_the_drive
         finally:
             events.stop.set()
     rows, marks = _output_rows(pulsar_client, output)
-    print(f"{KILLS} kills, {unfinished} with a batch planned and not committed; {len(rows)} rows, {len(marks)} W_SETs")
+    log_text = (tmp_path / "driver.log").read_text(errors="replace")
+    skipped_rows, skipped_marks = log_text.count("rows from"), log_text.count("its W_SET already written")
+    print(
+        f"{KILLS} kills, {unfinished} with a batch planned and not committed, {_last(checkpoint, 'commits') + 1} "
+        f"batches; {len(rows)} rows, {len(marks)} W_SETs; tasks that found rows already written: {skipped_rows}, "
+        f"W_SETs found written: {skipped_marks}"
+    )
     windows = [(start, key) for start, key, _ in rows]
     assert len(windows) == len(set(windows)), f"rows written twice: {[w for w, n in Counter(windows).items() if n > 1]}"
     assert {(start, key): count for start, key, count in rows} == expected
