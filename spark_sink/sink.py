@@ -12,8 +12,10 @@ deduplication, which drops a message whose (producer name, sequence id) it has a
 - a task's rows go out from a producer named after the query and its Spark partition
   (`writer_name`), with sequence ids `batch id * 2**32 + row` (`sequence_id`), the rows in a
   canonical order (sorted) so that a batch Spark runs again numbers the same rows the same way;
-- before sending, a task asks the broker for that producer's last persisted sequence id and sends
-  only the rows after it (`first_unsent`): a batched send that straddled it would be dropped whole;
+- rows are sent one message per entry (no client batching: Pulsar keeps only a batch's first
+  sequence id, so after a batch of rows 0-99 it would take rows 1-99 sent again as new), and a
+  task first asks the broker for that producer's last persisted sequence id and sends only the rows
+  after it (`first_unsent`);
 - the driver's `W_SET` of batch b goes out from the query's own producer with sequence id b.
 
 A batch Spark runs again (a task retried, the driver restarted from its checkpoint after dying
@@ -297,7 +299,7 @@ class PulsarStreamWriter(DataSourceStreamArrowWriter):
         sent = 0
         for target, indexes in sorted(by_target.items()):
             topic = self.options.topic if target < 0 else partition_name(self.options.topic, target)
-            producer = _create_producer(client, self.options.service_url, topic, name, batching=True)
+            producer = _create_producer(client, self.options.service_url, topic, name, batching=False)
             try:
                 start = first_unsent(batch_id, len(indexes), producer.last_sequence_id())
                 if start:
