@@ -48,6 +48,8 @@ ROW_BITS = 32
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 """Spark's local properties of a micro-batch's tasks (`MicroBatchExecution`, `StreamExecution`)."""
+PENDING = 10_000
+"""Rows in flight per producer: without batching, each is a round trip the client pipelines."""
 PRODUCER_BUSY_WAIT_S = 60.0
 """How long a task waits for a producer name still held by a task of a process that died."""
 
@@ -232,7 +234,7 @@ def _create_producer(client: Any, service_url: str, topic: str, name: str, batch
         while True:
             try:
                 return client.create_producer(topic, producer_name=name, batching_enabled=batching,
-                                              block_if_queue_full=True)  # fmt: skip
+                                              block_if_queue_full=True, max_pending_messages=PENDING)  # fmt: skip
             except pulsar.ProducerBusy:
                 if time.monotonic() > deadline:
                     raise
