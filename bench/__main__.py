@@ -1,6 +1,6 @@
 """`make bench`: every benchmark in one run against one real cluster; writes docs/BENCHMARKS.md.
 
-`python -m bench seek` (or any of client, generator, scale, spark, seek) runs only those, merging
+`python -m bench seek` (or any of client, generator, scale, spark, seek, sink) runs only those, merging
 their figures into docs/benchmarks.json.
 """
 
@@ -31,6 +31,7 @@ GROUPS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {
     "spark": ("Spark (issues 5 and 14)", spark.run),
     "seek": ("seeks with consumers attached (issue 16)", seek.run),
     "multi": ("a three-broker cluster (issue 24)", multi_broker.run),
+    "sink": ("the Spark sink, exactly once (issue 28)", spark.run_sink),
 }
 OWN_CLUSTER = {"multi"}
 """Groups that start a cluster of their own."""

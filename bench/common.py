@@ -93,6 +93,7 @@ GOALS = {
     "watermark_gap_on_topic_move_max_ms": "<= 10000",
     "generator_ownership_max_share_3_instances_3_brokers": "<= 0.45",
     "multi_broker_cluster_up_s": "< 90",
+    "sink_exactly_once_vs_at_least_once_rate": ">= 0.8",
 }
 
 

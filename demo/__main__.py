@@ -103,7 +103,13 @@ def main() -> int:
     settings = PulsarSettings(cluster.service_url, cluster.admin_url)
     topic = f"persistent://public/default/demo-{uuid.uuid4().hex[:6]}"
     output = f"{topic}-counts"
-    PulsarAdmin(settings).create_topic(topic, partitions=2)
+    admin = PulsarAdmin(settings)
+    admin.create_topic(topic, partitions=2)
+    admin.create_topic(output)
+    admin.set_topic_deduplication(output)  # the sink writes exactly once through Pulsar's deduplication
+    deadline = time.monotonic() + 30
+    while not admin.deduplication_enabled(output) and time.monotonic() < deadline:
+        time.sleep(0.2)  # a topic policy takes effect once the broker has read it back
     client = settings.client()
     say("starting Spark (local[2]) ...")
     spark = spark_sink.local_session(cluster.service_url, cluster.admin_url)

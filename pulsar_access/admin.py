@@ -438,6 +438,24 @@ class PulsarAdmin:
     def trigger_compaction(self, topic: str) -> None:
         self._call("PUT", f"{TopicName.parse(topic).rest_path}/compaction")
 
+    # -- message deduplication (the Spark sink's exactly-once output) ------------------------------
+
+    def deduplication_enabled(self, topic: str) -> bool:
+        """Whether Pulsar drops repeated (producer name, sequence id) messages on an existing topic:
+        its own policy, else its namespace's, else the broker's `brokerDeduplicationEnabled`."""
+        applied = self._call(
+            "GET", f"{TopicName.parse(topic).rest_path}/deduplicationEnabled", params={"applied": "true"}
+        )
+        return bool(applied)
+
+    def set_namespace_deduplication(self, namespace: str, enabled: bool = True) -> None:
+        """`pulsar-admin namespaces set-deduplication NAMESPACE --enable` (the tenant's admin)."""
+        self._call("POST", f"namespaces/{namespace}/deduplication", json=enabled)
+
+    def set_topic_deduplication(self, topic: str, enabled: bool = True) -> None:
+        """`pulsar-admin topics set-deduplication TOPIC --enable` (a topic-level policy; the topic must exist)."""
+        self._call("POST", f"{TopicName.parse(topic).rest_path}/deduplicationEnabled", json=enabled)
+
 
 MAX_REDIRECTS = 5
 REDIRECTS = (301, 302, 303, 307, 308)

@@ -83,13 +83,14 @@ def read_stream(spark: Any, **options: Any) -> Any:
     `maxOffsetsPerTrigger`, `failOnDataLoss`, `minPartitions`.
 
     Columns: `key`, `value`, `event_time`, `publish_time`, `topic`, `partition`, `message_id`,
-    `properties` and `late` (the row's event time is below the broker watermark Spark holds while
-    reading it: its producer broke its promise; Spark drops such a row in a windowed aggregation if
-    its window has closed, so route `late` rows elsewhere to see them). Write ordinary Spark code on
-    the result (`groupBy(window("event_time", ...))`, append mode) and do not add `withWatermark`:
-    Spark's watermark is already the broker's. After each micro-batch it is the broker watermark at
-    the batch's end position (the minimum over every partition of every topic read); a window closes
-    in the next micro-batch once that passes its end, also when no data arrives.
+    `properties`, `producer` (the Pulsar producer name) and `late` (the row's event time is below the
+    broker watermark Spark holds while reading it: its producer broke its promise; Spark drops such a
+    row in a windowed aggregation if its window has closed, so route `late` rows elsewhere to see
+    them). Write ordinary Spark code on the result (`groupBy(window("event_time", ...))`, append mode)
+    and do not add `withWatermark`: Spark's watermark is already the broker's. After each micro-batch
+    it is the broker watermark at the batch's end position (the minimum over every partition of every
+    topic read); a window closes in the next micro-batch once that passes its end, also when no data
+    arrives.
 
     How: the source puts the broker watermark at the batch's end on every row (`watermark`) and, when
     it moved, on one extra row (`is_watermark`). Spark's watermark is the maximum of a column that is
@@ -113,5 +114,5 @@ def read_stream(spark: Any, **options: Any) -> Any:
     return data.select(
         "key", "value",
         F.col("event_time").alias("event_time", metadata={WATERMARK_DELAY_KEY: 0}),
-        "publish_time", "topic", "partition", "message_id", "properties", "late",
+        "publish_time", "topic", "partition", "message_id", "properties", "producer", "late",
     )  # fmt: skip

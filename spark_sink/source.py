@@ -12,9 +12,9 @@ Spark has.
 
 Besides data, a batch carries one row with `is_watermark = true` and `event_time` = the broker
 watermark whenever that watermark moved; every row has `watermark` (the broker watermark at the
-batch's end) and `late` (its event time is below the broker watermark Spark holds while reading it:
-its producer broke its promise). `read_stream` (in `spark_sink`) turns these into Spark's own
-event-time watermark.
+batch's end), `producer` (the Pulsar producer name) and `late` (its event time is below the broker
+watermark Spark holds while reading it: its producer broke its promise). `read_stream` (in
+`spark_sink`) turns these into Spark's own event-time watermark.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 
 SCHEMA = (
     "key string, value binary, event_time timestamp, publish_time timestamp, topic string, partition int, "
-    "message_id string, properties map<string,string>, late boolean, is_watermark boolean, watermark timestamp"
+    "message_id string, properties map<string,string>, producer string, late boolean, is_watermark boolean, "
+    "watermark timestamp"
 )
 
 SOURCE_OPTIONS = (
@@ -360,12 +361,13 @@ class _ArrowRows:
         self.ledgers: list[int] = []
         self.entries: list[int] = []
         self.batch_indexes: list[int] = []
+        self.producers: list[str] = []
         self.property_offsets: list[int] = [0]
         self.property_keys: list[str] = []
         self.property_values: list[str] = []
         self._columns = (
             self.keys, self.values, self.event_times, self.publish_times, self.ledgers, self.entries,
-            self.batch_indexes, self.property_keys, self.property_values,
+            self.batch_indexes, self.producers, self.property_keys, self.property_values,
         )  # fmt: skip
 
     def add_properties(self, properties: Mapping[str, str]) -> None:
@@ -414,6 +416,7 @@ class _ArrowRows:
                 pa.array(self.property_values, pa.string()),
                 type=types["properties"],
             ),
+            "producer": pa.array(self.producers, pa.string()),
             "late": late,
             "is_watermark": pa.repeat(pa.scalar(False), rows),
             "watermark": pa.repeat(_timestamp_scalar(self.part.watermark, types["watermark"]), rows),
@@ -522,6 +525,7 @@ def _read_range(options: SourceOptions, part: TopicRange, rows: _ArrowRows) -> I
                 rows.ledgers.append(entry[0])
                 rows.entries.append(entry[1])
                 rows.batch_indexes.append(batch_index)
+                rows.producers.append(message.producer_name())
                 rows.add_properties(properties)
                 if len(values) >= ROWS_PER_ARROW_BATCH:
                     yield rows.batch()

@@ -80,6 +80,14 @@ def _produce(producer: WatermarkProducer, keys: list[str], start_s: int, stop_s:
     return truth
 
 
+def deduplicated(admin: PulsarAdmin, topic: str) -> str:
+    """Create `topic` with Pulsar's message deduplication on (what the exactly-once sink needs)."""
+    admin.create_topic(topic)
+    admin.set_topic_deduplication(topic)
+    wait_until(lambda: admin.deduplication_enabled(topic), timeout_s=30, what="deduplication on the topic")
+    return topic
+
+
 def one_per_second(producer: WatermarkProducer, seconds: int, final: int) -> None:
     """One message with key "k" and a W_SET per event-time second from BASE, then a final W_SET."""
     producer.new_watermark().event_time(BASE).send()
@@ -130,9 +138,9 @@ def test_windowed_counts_equal_the_ground_truth_across_a_restart(
 
 @pytest.mark.usefixtures("generator")
 def test_the_sink_writes_rows_and_the_query_watermark_for_a_downstream_consumer(
-    spark: SparkSession, pulsar_client: pulsar.Client, topic: str, tmp_path: Path
+    spark: SparkSession, pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str, tmp_path: Path
 ) -> None:
-    output = f"{topic}-out"
+    output = deduplicated(admin, f"{topic}-out")
     downstream = Recorder()
     consumer = WatermarkConsumer(pulsar_client, output, "downstream", listener=downstream)
     producer = WatermarkProducer(pulsar_client, topic, producer_name="upstream")
@@ -188,13 +196,23 @@ def test_bad_options_name_the_fix(spark: SparkSession) -> None:
         ).start().awaitTermination(30)
 
 
+def test_exactly_once_output_to_a_topic_without_deduplication_names_the_admin_command(
+    spark: SparkSession, topic: str, tmp_path: Path
+) -> None:
+    spark_sink.register(spark)
+    rows = spark.readStream.format("rate").load().select(F.col("value").cast("string").alias("value"))
+    with pytest.raises(Exception, match="pulsar-admin namespaces set-deduplication public/default --enable"):
+        rows.writeStream.format("pulsar-watermark").option("topic", topic).option(
+            "checkpointLocation", str(tmp_path / "ckpt")
+        ).start().awaitTermination(60)
+
+
 @pytest.mark.usefixtures("generator")
 def test_a_second_query_on_the_sinks_output_gets_the_first_querys_watermark(
     spark: SparkSession, pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str, tmp_path: Path
 ) -> None:
     """Upstream counts 10 s windows into a topic; downstream sums them in 30 s windows on its watermark."""
-    output = f"{topic}-tens"
-    admin.create_topic(output)  # the downstream query starts before the upstream one writes
+    output = deduplicated(admin, f"{topic}-tens")  # the downstream query starts before the upstream one writes
     producer = WatermarkProducer(pulsar_client, topic, producer_name="chain-source")
     one_per_second(producer, seconds=50, final=BASE + 80_000)
 
@@ -309,19 +327,34 @@ def test_a_query_on_two_topics_closes_a_window_only_when_both_watermarks_passed_
     behind.close()
 
 
-@pytest.mark.usefixtures("generator")
-def test_rows_below_the_broker_watermark_are_marked_late_not_dropped_unseen(
-    spark: SparkSession, pulsar_client: pulsar.Client, topic: str, tmp_path: Path
+def test_late_rows_are_marked_not_dropped_unseen_and_name_the_producer_the_generator_counts(
+    spark: SparkSession, pulsar_client: pulsar.Client, pulsar_settings: Any, namespace: str, tmp_path: Path
 ) -> None:
-    producer = WatermarkProducer(pulsar_client, topic, producer_name="promise-breaker")
-    producer.new_watermark().event_time(BASE + 10_000).send()
-    producer.send(b"on-time", event_timestamp=BASE + 12_000)
-    seen: dict[bytes, bool] = {}
+    """A late row names its producer (`producer`), the same one the generator's broken-assertion metric names."""
+    from bench.common import metric_samples
+    from devtools.local_cluster import free_port
+    from tests.integration.generator_process import GeneratorProcess
+
+    port = free_port()
+    generator = GeneratorProcess(
+        pulsar_settings, tmp_path / "gen.log", "late-gen", WM_NAMESPACES=namespace, WM_METRICS_PORT=str(port)
+    ).start()
+    topic = f"persistent://{namespace}/late"
+    honest = WatermarkProducer(pulsar_client, topic, producer_name="honest")
+    breaker = WatermarkProducer(pulsar_client, topic, producer_name="promise-breaker")
+    for producer in (honest, breaker):
+        producer.new_watermark().event_time(BASE + 10_000).send()
+    honest.send(b"on-time", event_timestamp=BASE + 12_000)
+    seen: dict[bytes, tuple[str, bool]] = {}
+    late_by_producer: Counter[str] = Counter()
     lock = threading.Lock()
 
     def collect(df: DataFrame, _batch: int) -> None:
+        rows = df.collect()
+        late = df.filter("late").groupBy("producer").count().collect()  # the README's recipe: who, how often
         with lock:
-            seen.update((bytes(row["value"]), bool(row["late"])) for row in df.collect())
+            late_by_producer.update({row["producer"]: row["count"] for row in late})
+            seen.update((bytes(row["value"]), (row["producer"], bool(row["late"]))) for row in rows)
 
     query = (
         spark_sink.read_stream(spark, topic=topic, subscription="late").writeStream.foreachBatch(collect)
@@ -330,12 +363,21 @@ def test_rows_below_the_broker_watermark_are_marked_late_not_dropped_unseen(
     try:
         wait_until(lambda: b"on-time" in seen, timeout_s=90, what="the first row")
         wait_until(lambda: _source_watermark(query) == BASE + 10_000, timeout_s=30, what="a batch ending at 10 s")
-        producer.send(b"broken-promise", event_timestamp=BASE + 5_000)  # below its own W_SET and the watermark
+        breaker.send(b"broken-promise", event_timestamp=BASE + 5_000)  # below its own W_SET and the watermark
         wait_until(lambda: b"broken-promise" in seen, timeout_s=60, what="the late row")
+
+        def broken(producer: str) -> float:
+            return sum(metric_samples(port, "wm_broken_assertions_total", producer=producer))
+
+        wait_until(lambda: broken("promise-breaker") > 0, timeout_s=30, what="the generator's broken-assertion count")
+        assert broken("honest") == 0 and broken("promise-breaker") == 1
     finally:
         query.stop()
-    assert seen == {b"on-time": False, b"broken-promise": True}
-    producer.close()
+        generator.stop()
+    assert seen == {b"on-time": ("honest", False), b"broken-promise": ("promise-breaker", True)}
+    assert late_by_producer == {"promise-breaker": 1}
+    honest.close()
+    breaker.close()
 
 
 @pytest.mark.usefixtures("generator")

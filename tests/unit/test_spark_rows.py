@@ -38,7 +38,9 @@ def stamp(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
-def add(rows: _ArrowRows, key: str, event_time: int, entry: int, properties: dict[str, str]) -> None:
+def add(
+    rows: _ArrowRows, key: str, event_time: int, entry: int, properties: dict[str, str], producer: str = "p"
+) -> None:
     rows.keys.append(key)
     rows.values.append(b"v%d" % entry)
     rows.event_times.append(event_time)
@@ -46,6 +48,7 @@ def add(rows: _ArrowRows, key: str, event_time: int, entry: int, properties: dic
     rows.ledgers.append(5)
     rows.entries.append(entry)
     rows.batch_indexes.append(-1)
+    rows.producers.append(producer)
     rows.add_properties(properties)
 
 
@@ -53,7 +56,7 @@ def test_rows_become_one_record_batch_of_the_schema_with_late_rows_marked() -> N
     rows = _ArrowRows(SPARK_SCHEMA, TopicRange((T, 1), None, (5, 9), BASE + 10_000, BASE + 5_000, True))
     add(rows, "", BASE + 7_000, 0, {"a": "b"})
     add(rows, "k", 0, 1, {})  # no event time: its publish time
-    add(rows, "k", BASE + 4_000, 2, {"c": "d", "e": "f"})  # below the watermark Spark holds: late
+    add(rows, "k", BASE + 4_000, 2, {"c": "d", "e": "f"}, "breaker")  # below the watermark Spark holds: late
     batch = rows.batch()
     assert batch.schema == rows.schema and len(rows) == 0
     got: dict[str, list[Any]] = batch.to_pydict()
@@ -63,6 +66,7 @@ def test_rows_become_one_record_batch_of_the_schema_with_late_rows_marked() -> N
     assert got["topic"] == [T] * 3 and got["partition"] == [1] * 3
     assert got["message_id"] == ["5:0:-1", "5:1:-1", "5:2:-1"]
     assert got["properties"] == [[("a", "b")], [], [("c", "d"), ("e", "f")]]
+    assert got["producer"] == ["p", "p", "breaker"]  # who broke the promise
     assert got["late"] == [False, False, True]
     assert got["is_watermark"] == [False] * 3
     assert got["watermark"] == [stamp(BASE + 10_000)] * 3
@@ -75,7 +79,7 @@ def test_the_watermark_row_carries_the_watermark_at_the_batchs_end() -> None:
     got = rows.watermark_row(BASE + 10_000).to_pydict()
     assert got["is_watermark"] == [True] and got["late"] == [False]
     assert got["event_time"] == got["watermark"] == [stamp(BASE + 10_000)]
-    assert got["value"] == [None] and got["key"] == [None]
+    assert got["value"] == [None] and got["key"] == [None] and got["producer"] == [None]
 
 
 def test_before_any_watermark_nothing_is_late() -> None:

@@ -1,0 +1,232 @@
+"""The sink's exactly-once output when the driver dies at random points of a running pipeline.
+
+source -> 2 s windowed counts per key -> pulsar-watermark sink, in a driver process of its own
+(`tests/integration/sink_pipeline.py`: the Python driver, its JVM and its Python workers, one process
+group) that is SIGKILLed at random moments and restarted from its checkpoint, while producers keep
+writing. A plain reader of the output topic must then find each window's row exactly once with the
+exact count, and a downstream query on that topic must close the same windows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import IO
+
+import pulsar
+import pytest
+
+from producer import WatermarkProducer
+from pulsar_access.admin import PulsarAdmin
+from pulsar_access.settings import PulsarSettings
+from tests.integration.helpers import wait_until
+from watermark_core.protocol import MARKER_PROPERTY
+
+pyspark = pytest.importorskip("pyspark")
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+import spark_sink  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = 1_700_000_000_000 - 1_700_000_000_000 % 60_000  # on a boundary of every window below
+WINDOW_MS = 2_000
+DOWNSTREAM_WINDOW_MS = 20_000
+KEYS = ("a", "b", "c")
+KILLS = int(os.environ.get("SINK_KILLS", "10"))
+STEP_S = 0.2
+"""Wall time per event-time second: a 2 s window closes about every 0.4 s, so most batches write rows."""
+
+
+class Driver:
+    """The pipeline's driver process group; `kill()` is a SIGKILL of all of it."""
+
+    def __init__(self, settings: PulsarSettings, topic: str, output: str, checkpoint: Path, log: IO[bytes]) -> None:
+        env = {
+            **os.environ, "PYTHONPATH": str(ROOT), "PULSAR_SERVICE_URL": settings.service_url,
+            "PULSAR_ADMIN_URL": settings.admin_url,
+        }  # fmt: skip
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.sink_pipeline", topic, output, str(checkpoint),
+             str(WINDOW_MS // 1000)],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+        )  # fmt: skip
+
+    def wait_started(self, timeout_s: float = 180) -> None:
+        stdout = self.process.stdout
+        assert stdout is not None
+        ready = threading.Event()
+
+        def watch() -> None:
+            for line in stdout:
+                if line.strip() == b"started":
+                    ready.set()
+
+        threading.Thread(target=watch, daemon=True).start()
+        if not ready.wait(timeout_s):
+            self.kill()
+            raise AssertionError(f"the pipeline's driver did not start within {timeout_s} s (see its log)")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+def _last(checkpoint: Path, kind: str) -> int:
+    """The last batch id in the checkpoint's offset log (`offsets`) or commit log (`commits`)."""
+    ids = [int(p.name) for p in (checkpoint / kind).glob("*") if p.name.isdigit()]
+    return max(ids, default=-1)
+
+
+def _unfinished_batch(checkpoint: Path) -> bool:
+    """A batch was planned (offset log) but not committed: Spark runs it again at the restart."""
+    return _last(checkpoint, "offsets") > _last(checkpoint, "commits")
+
+
+class Events:
+    """Events for every key each event-time second, up to 1.5 s out of order, an honest W_SET after each."""
+
+    def __init__(self, producer: WatermarkProducer) -> None:
+        self.producer = producer
+        self.truth: Counter[tuple[int, str]] = Counter()
+        self.second = 0
+        self.rng = random.Random(28)
+        self.stop = threading.Event()
+
+    def step(self) -> None:
+        for key in KEYS:
+            event_time = BASE + self.second * 1000 + self.rng.randint(0, 1_500)
+            self.producer.send(key.encode(), partition_key=key, event_timestamp=event_time)
+            self.truth[(event_time - event_time % WINDOW_MS, key)] += 1
+        self.producer.new_watermark().event_time(BASE + self.second * 1000).send()
+        self.second += 1
+
+    def run(self) -> None:
+        while not self.stop.wait(STEP_S):
+            self.step()
+
+
+def _output_rows(client: pulsar.Client, output: str) -> tuple[list[tuple[int, str, int]], list[int]]:
+    """Every data row of the output topic, and every W_SET value, as a plain reader sees them."""
+    import msgpack
+
+    reader = client.create_reader(output, pulsar.MessageId.earliest)
+    rows: list[tuple[int, str, int]] = []
+    marks: list[int] = []
+    try:
+        while reader.has_message_available():
+            message = reader.read_next(10_000)
+            kind = message.properties().get(MARKER_PROPERTY)
+            if kind is not None:
+                if kind == "W_SET":
+                    marks.append(int(msgpack.unpackb(message.data())["event_time"]))
+                continue
+            row = json.loads(message.data())
+            rows.append((int(row["start"]), str(row["key"]), int(row["count"])))
+    finally:
+        reader.close()
+    return rows, marks
+
+
+@pytest.mark.usefixtures("generator")
+def test_each_window_is_written_exactly_once_across_random_sigkills_of_the_driver(
+    spark: SparkSession,
+    pulsar_settings: PulsarSettings,
+    pulsar_client: pulsar.Client,
+    admin: PulsarAdmin,
+    topic: str,
+    tmp_path: Path,
+) -> None:
+    from tests.integration.test_spark import deduplicated
+
+    output = deduplicated(admin, f"{topic}-counts")
+    admin.create_topic(topic, partitions=2)
+    producer = WatermarkProducer(pulsar_client, topic, producer_name="sensors")
+    producer.new_watermark().event_time(BASE).send()
+    events = Events(producer)
+    feeder = threading.Thread(target=events.run, daemon=True)
+    feeder.start()
+    checkpoint = tmp_path / "ckpt"
+    rng = random.Random(2828)
+    unfinished = 0
+    with (tmp_path / "driver.log").open("wb") as log:
+        try:
+            for _ in range(KILLS):
+                committed = _last(checkpoint, "commits")
+                driver = Driver(pulsar_settings, topic, output, checkpoint, log)
+                driver.wait_started()
+                wait_until(
+                    lambda: _last(checkpoint, "commits") > committed or not driver.alive(),  # noqa: B023
+                    timeout_s=180, what="a batch of the restarted driver",
+                )  # fmt: skip
+                time.sleep(rng.uniform(0.0, 4.0))  # anywhere in a batch: planning, reading, writing, committing
+                assert driver.alive(), "the pipeline's driver died on its own (see driver.log)"
+                driver.kill()
+                unfinished += _unfinished_batch(checkpoint)
+            events.stop.set()
+            feeder.join()
+            producer.new_watermark().event_time(BASE + (events.second + 60) * 1000).send()  # closes every window
+            expected = {window: count for window, count in events.truth.items()}
+            driver = Driver(pulsar_settings, topic, output, checkpoint, log)
+            driver.wait_started()
+            wait_until(
+                lambda: len(_output_rows(pulsar_client, output)[0]) >= len(expected), timeout_s=240,
+                what="every window's row in the output topic",
+            )  # fmt: skip
+            time.sleep(3)  # a row written twice would show now
+            driver.kill()
+        finally:
+            events.stop.set()
+    rows, marks = _output_rows(pulsar_client, output)
+    log_text = (tmp_path / "driver.log").read_text(errors="replace")
+    skipped_rows, skipped_marks = log_text.count("rows from"), log_text.count("its W_SET already written")
+    print(
+        f"{KILLS} kills, {unfinished} with a batch planned and not committed, {_last(checkpoint, 'commits') + 1} "
+        f"batches; {len(rows)} rows, {len(marks)} W_SETs; tasks that found rows already written: {skipped_rows}, "
+        f"W_SETs found written: {skipped_marks}"
+    )
+    windows = [(start, key) for start, key, _ in rows]
+    assert len(windows) == len(set(windows)), f"rows written twice: {[w for w, n in Counter(windows).items() if n > 1]}"
+    assert {(start, key): count for start, key, count in rows} == expected
+    assert marks == sorted(marks), "the output's watermark went back"
+    assert unfinished >= 1, "no kill landed inside a batch: the run did not test a replayed batch"
+
+    # downstream: a query on the output closes its 20 s windows on the upstream query's watermark
+    sums: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def collect(df: DataFrame, _batch: int) -> None:
+        found = {int(r["window"]["start"].timestamp() * 1000): int(r["n"]) for r in df.collect()}
+        with lock:
+            sums.update(found)
+
+    downstream = (
+        spark_sink.read_stream(spark, topic=output, subscription="downstream")
+        .withColumn("n", F.get_json_object(F.col("value").cast("string"), "$.count").cast("long"))
+        .groupBy(F.window("event_time", "20 seconds")).agg(F.sum("n").alias("n"))
+        .writeStream.outputMode("append").foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "down")).trigger(processingTime="500 milliseconds").start()
+    )  # fmt: skip
+    truth: Counter[int] = Counter()
+    for (start, _key), count in expected.items():
+        end = start + WINDOW_MS  # the sink's rows carry the window's end as their event time
+        truth[end - end % DOWNSTREAM_WINDOW_MS] += count
+    try:
+        wait_until(lambda: len(sums) >= len(truth), timeout_s=180, what="every downstream window to close")
+    finally:
+        downstream.stop()
+    assert sums == dict(truth)
+    producer.close()
