@@ -1,7 +1,7 @@
 """`make bench`: every benchmark in one run against one real cluster; writes docs/BENCHMARKS.md.
 
-`python -m bench seek` (or any of client, generator, scale, spark, seek) runs only those, merging
-their figures into docs/benchmarks.json.
+`python -m bench seek` (or any of client, generator, scale, spark, seek, bounds, snapshot) runs only
+those, merging their figures into docs/benchmarks.json. `python -m bench snapshot` needs no broker.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import client_throughput, generator, generator_scale, seek, spark
+from bench import client_throughput, generator, generator_bounds, generator_scale, seek, spark
 from bench.common import bench_cluster, say, write_results
 from devtools.local_cluster import PULSAR_VERSION
 from pulsar_access.settings import PulsarSettings
@@ -24,13 +24,20 @@ def _generator_scale(settings: PulsarSettings) -> Figures:
         return generator_scale.run(settings, Path(logs))
 
 
+def _snapshot(_settings: PulsarSettings) -> Figures:
+    return generator_bounds.snapshot_figures()
+
+
 GROUPS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {
     "client": ("client throughput (issue 3)", client_throughput.run),
     "generator": ("generator (issue 4)", generator.run),
     "scale": ("generator at scale (issue 13)", _generator_scale),
     "spark": ("Spark (issues 5 and 14)", spark.run),
     "seek": ("seeks with consumers attached (issue 16)", seek.run),
+    "snapshot": ("snapshot size with producers coming and going (issue 26)", _snapshot),
 }
+NO_BROKER = {"snapshot"}
+"""Groups measured on the pure side only: run alone, they start no cluster."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -38,13 +45,21 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [name for name in chosen if name not in GROUPS]
     if unknown:
         raise SystemExit(f"unknown benchmark {unknown}; choose from {', '.join(GROUPS)}")
-    with bench_cluster() as settings:
-        figures: Figures = {"pulsar_version": PULSAR_VERSION}
+    if set(chosen) <= NO_BROKER:
+        figures: Figures = {}
         for name in chosen:
             title, run = GROUPS[name]
             say(title)
-            figures.update(run(settings))
+            figures.update(run(PulsarSettings.from_env()))
         write_results(figures)
+    else:
+        with bench_cluster() as settings:
+            figures = {"pulsar_version": PULSAR_VERSION}
+            for name in chosen:
+                title, run = GROUPS[name]
+                say(title)
+                figures.update(run(settings))
+            write_results(figures)
     for key, value in figures.items():
         if not key.endswith("_how"):
             say(f"{key} = {value}")

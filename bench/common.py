@@ -87,6 +87,8 @@ GOALS = {
     "watermark_latency_cadence_p99_ms": "<= 400",
     "generator_ownership_max_share_3_instances": "<= 0.45",
     "seek_to_recomputed_watermark_p50_ms": "<= 1000",
+    "snapshot_bytes_10000_producers": "<= 16384",
+    "generator_memory_abandoned_subscription_ratio": "<= 2",
 }
 
 
