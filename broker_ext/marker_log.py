@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from watermark_core.protocol import Marker, Position
+from watermark_core.protocol import Marker, Position, WatermarkEvent
 from watermark_core.state import WatermarkState
 
 
@@ -88,6 +88,8 @@ class SubscriptionTracker:
     """Whether a table holding this subscription was published since it appeared or moved back."""
     rebuilding: bool = False
     """Its state is being rebuilt from the log (the marker log does not reach back to its position)."""
+    last_event: WatermarkEvent | None = None
+    """The event last published for it: tables repeat it while it is not ready, so each names it."""
 
     def advance(self, log: MarkerLog) -> None:
         """Fold forward toward the mark-delete position, never past what the log has read."""

@@ -488,6 +488,31 @@ def test_no_table_before_a_new_owners_tracker_reached_the_mark_delete_position()
     assert world.latest("sub").event_time == 300  # type: ignore[union-attr]
 
 
+def test_every_table_names_every_subscription_that_has_a_value_even_one_acknowledged_ahead_of_the_head() -> None:
+    """Issue #26 (2): a subscription acknowledged ahead of the generator's head was left out of the table the
+    next change published, and, ready later with an unchanged value, never published again: after
+    compaction a consumer attaching to it got no watermark."""
+    world = World()
+    first_owner(world)
+    world.w_set("A", 100)
+    ack_all(world, "ahead")
+    ack_all(world, "other")
+    world.settle()
+    assert world.latest_table_holds("ahead").event_time == 100  # type: ignore[union-attr]
+    first = world.data("A", 110)
+    world.data("A", 120)
+    world.deliver(1)  # the generator has read up to `first` only
+    ack_all(world, "ahead")  # acknowledged past what the generator read
+    world.subscriptions["new"] = first[:2]  # a change: the next table goes out now
+    world.poll()
+    assert world.latest_table_holds("new").event_time == 100  # type: ignore[union-attr]
+    assert world.latest_table_holds("ahead").event_time == 100  # type: ignore[union-attr]
+    assert world.latest_table_holds("other").event_time == 100  # type: ignore[union-attr]
+    world.settle()  # "ahead" is ready now, with the same value
+    for name in ("ahead", "other", "new"):
+        assert world.latest_table_holds(name).event_time == 100, name  # type: ignore[union-attr]
+
+
 # -- the counterexamples of issue #17 --------------------------------------------------------------------
 
 

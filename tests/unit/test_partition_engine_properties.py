@@ -133,6 +133,19 @@ def test_a_published_watermark_is_the_fold_of_the_log_up_to_its_position(script:
 
 
 @RELAXED
+@given(st.lists(steps, max_size=60))
+def test_the_latest_table_names_every_subscription_with_a_watermark(script: list[Step]) -> None:
+    """Issue #26 (2): compaction keeps only the latest table, so it must hold every subscription's value."""
+    run = play(script)
+    run.world.settle()
+    for name, mark_delete in run.world.subscriptions.items():
+        truth = run.world.watermark_at(mark_delete)
+        if truth is not None:
+            event = run.world.latest_table_holds(name)
+            assert event is not None and event.event_time == truth, (name, mark_delete)
+
+
+@RELAXED
 @given(st.lists(steps, max_size=60), st.frozensets(st.integers(0, 40), max_size=3), st.integers(2, 6))
 def test_taking_over_at_any_point_then_continuing_equals_an_uninterrupted_run(
     script: list[Step], takeovers: frozenset[int], interval: int
