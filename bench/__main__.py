@@ -34,6 +34,7 @@ GROUPS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {
     "scale": ("generator at scale (issue 13)", _generator_scale),
     "spark": ("Spark (issues 5 and 14)", spark.run),
     "seek": ("seeks with consumers attached (issue 16)", seek.run),
+    "bounds": ("an abandoned subscription's memory (issue 26)", generator_bounds.abandoned_subscription_figures),
     "snapshot": ("snapshot size with producers coming and going (issue 26)", _snapshot),
 }
 NO_BROKER = {"snapshot"}

@@ -1,14 +1,27 @@
 """Issue 26: what the generator keeps per partition stays bounded whatever producers and subscriptions do.
 
-`snapshot_figures` needs no broker: the W_SNAPSHOT the generator would write next is the head state
-(the fold of the partition's markers, watermark_core/state.py) encoded by watermark_core/snapshot.py,
-exactly what the shell writes for a `WriteSnapshot` command.
+`abandoned_subscription_figures` runs generator processes on the broker. `snapshot_figures` needs no
+broker: the W_SNAPSHOT the generator would write next is the head state (the fold of the partition's
+markers, watermark_core/state.py) encoded by watermark_core/snapshot.py, exactly what the shell
+writes for a `WriteSnapshot` command.
 """
 
 from __future__ import annotations
 
+import statistics
+import tempfile
+import threading
 import time
+from pathlib import Path
 
+import pulsar
+
+from bench.common import say
+from bench.generator import Generator, _drain_until, _new_namespace, _WatermarkTimes
+from consumer.watermark_feed import WatermarkFeed
+from producer import WatermarkProducer
+from pulsar_access.admin import PulsarAdmin
+from pulsar_access.settings import PulsarSettings
 from watermark_core.protocol import Marker, MarkerKind
 from watermark_core.snapshot import SnapshotKeys, encode_snapshot
 from watermark_core.state import WatermarkConfig, WatermarkState
@@ -64,4 +77,83 @@ def snapshot_figures(producers: int = 10_000) -> dict[str, float | int | str]:
         f"marker_apply_us_{producers}_producers": round(_apply_us(forgotten, after), 1),
         f"marker_apply_us_{producers}_producers_how": "microseconds to fold one W_SET into that state, once the "
         f"retention passed (before: {_apply_us(remembered, clock):.0f} us)",
+    }
+
+
+# -- on a broker: an abandoned subscription's cost ---------------------------------------------------------
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def _write_markers(client: pulsar.Client, topic: str, count: int) -> None:
+    """`count` W_SETs as fast as one batched producer goes; the last one is `count`."""
+    producer = WatermarkProducer(
+        client, topic, producer_name="bounds", keepalive_interval_ms=None,
+        batching_enabled=True, block_if_queue_full=True, max_pending_messages=10_000,
+    )  # fmt: skip
+    done = threading.Semaphore(0)
+    for t in range(1, count + 1):
+        producer.new_watermark().event_time(t).send_async(lambda _result, _id: done.release())
+    producer.flush()
+    for _ in range(count):
+        done.acquire(timeout=60)
+    producer.close(idle=False)
+
+
+def abandoned_subscription_rss(
+    settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, log_dir: Path, abandoned: bool, markers: int
+) -> int:
+    """The generator's RSS once it followed `markers` W_SETs on one partition that "live" acknowledges as they come."""
+    namespace = _new_namespace(admin)
+    topic = f"persistent://{namespace}/bounds"
+    gen = Generator(settings, namespace, log_dir, config_env={})
+    live = client.subscribe(topic, "live")
+    if abandoned:
+        client.subscribe(topic, "abandoned").close()  # durable, no consumer: never acknowledges
+    times = _WatermarkTimes()
+    feed = WatermarkFeed(client, topic, "live", times)
+    stop = threading.Event()
+    drain = threading.Thread(target=_drain_until, args=(live, stop), daemon=True)
+    drain.start()
+    try:
+        time.sleep(3)  # discovery
+        _write_markers(client, topic, markers)
+        if times.wait_for(markers, 180) is None:
+            raise RuntimeError(f"'live' never got watermark {markers}; generator log in {log_dir}")
+        time.sleep(12)  # a periodic snapshot after the last marker (10 s): the marker log is trimmed then
+        return _rss_bytes(gen.proc.pid)
+    finally:
+        stop.set()
+        drain.join()
+        feed.close()
+        live.close()
+        gen.kill()
+
+
+def abandoned_subscription_figures(settings: PulsarSettings, markers: int = 100_000) -> dict[str, float | int | str]:
+    client = settings.client()
+    admin = PulsarAdmin(settings)
+    rss: dict[bool, list[int]] = {False: [], True: []}
+    try:
+        with tempfile.TemporaryDirectory(prefix="wm-bench-bounds-") as logs:
+            for abandoned in (False, True, False, True):
+                value = abandoned_subscription_rss(settings, client, admin, Path(logs), abandoned, markers)
+                rss[abandoned].append(value)
+                say(f"  {'with' if abandoned else 'without'} an abandoned subscription: RSS {value / 2**20:.1f} MiB")
+    finally:
+        client.close()
+        admin.close()
+    without, with_abandoned = statistics.median(rss[False]), statistics.median(rss[True])
+    return {
+        "generator_memory_abandoned_subscription_ratio": round(with_abandoned / without, 3),
+        "generator_memory_abandoned_subscription_ratio_how": f"one partition, {markers} W_SETs written by one "
+        "batched producer, acknowledged as they come by a subscription 'live'; the generator process's VmRSS once "
+        "'live' got the last watermark and a periodic snapshot passed, with a second subscription that never "
+        "acknowledges over without it; generator defaults; median of 2 runs each "
+        f"({with_abandoned / 2**20:.1f} MiB over {without / 2**20:.1f} MiB)",
     }

@@ -543,7 +543,10 @@ class PartitionEngine:
         f.snapshots_due.append((f.head.advanced_to(at), True))
         f.messages_since_snapshot = 0
         f.last_snapshot_at = now
-        keep = [at] + [t.applied_to for t in f.trackers.values()]
+        # A subscription far behind (one that never acknowledges) must not pin the markers in memory: past
+        # `marker_log_limit` markers it is left before the log's base, and rebuilt from snapshots once it moves.
+        floor = f.log.keeping(self.config.marker_log_limit)
+        keep = [at] + [max(t.applied_to, floor) for t in f.trackers.values()]
         if self._rebuild is not None:
             keep.append(self._rebuild.stop)  # its fold goes on from the marker log there
         f.log.trim(min(keep))

@@ -513,6 +513,32 @@ def test_every_table_names_every_subscription_that_has_a_value_even_one_acknowle
         assert world.latest_table_holds(name).event_time == 100, name  # type: ignore[union-attr]
 
 
+def test_a_subscription_that_never_acknowledges_does_not_pin_the_marker_log() -> None:
+    """Issue #26 (3a): an abandoned subscription held every marker after its position in memory (604 -> 2541
+    markers over 3600 written). Far behind, it costs a rebuild from the snapshots once it moves, not memory."""
+    world = World(config=EngineConfig(snapshot_interval_messages=4, marker_log_limit=10))
+    engine = first_owner(world)
+    world.w_set("A", 1)
+    ack_all(world, "abandoned")
+    ack_all(world, "live")
+    world.settle()
+    sizes = []
+    for t in range(2, 80):
+        world.w_set("A", t)
+        if t % 10 == 0:
+            world.roll()
+        ack_all(world, "live")
+        world.settle()
+        sizes.append(len(following(engine).log))
+    assert max(sizes) <= 10 + 4 + 1, sizes  # the limit, plus what comes in between two snapshots
+    assert world.latest_table_holds("live").event_time == 79  # type: ignore[union-attr]
+    assert world.latest_table_holds("abandoned").event_time == 1  # type: ignore[union-attr]
+    ack_all(world, "abandoned")  # it comes back: rebuilt from the snapshots, exact
+    world.settle()
+    assert world.latest_table_holds("abandoned").event_time == 79  # type: ignore[union-attr]
+    assert of(world, ReadMarkerAt) or of(world, ReadRange)
+
+
 # -- the counterexamples of issue #17 --------------------------------------------------------------------
 
 
