@@ -29,7 +29,7 @@ from broker_ext.engine.vocabulary import (
 )
 from broker_ext.marker_log import MarkerLog
 from tests.unit.partition_world import TOPIC, World, ack, ack_all, before_entry
-from watermark_core.protocol import MARKER_PROPERTY, MarkerKind, decode_marker, encode_set, entry_end
+from watermark_core.protocol import MARKER_PROPERTY, Marker, MarkerKind, decode_marker, encode_set, entry_end
 from watermark_core.state import WatermarkState
 
 pytestmark = pytest.mark.unit
@@ -537,6 +537,20 @@ def test_a_subscription_that_never_acknowledges_does_not_pin_the_marker_log() ->
     world.settle()
     assert world.latest_table_holds("abandoned").event_time == 79  # type: ignore[union-attr]
     assert of(world, ReadMarkerAt) or of(world, ReadRange)
+
+
+def test_the_marker_log_says_where_to_trim_to_keep_a_number_of_markers_and_keeps_no_snapshot_payload() -> None:
+    log = MarkerLog(WatermarkState.initial(), (10, -1, -1))
+    for entry in range(5):
+        log.append(decode_marker({MARKER_PROPERTY: "W_SET"}, encode_set(entry), "A", (10, entry, -1), entry))  # type: ignore[arg-type]
+    assert log.keeping(10) == (10, -1, -1)  # nothing to drop
+    assert log.keeping(2) == (10, 2, -1)  # trimming there leaves the markers at entries 3 and 4
+    log.trim(log.keeping(2))
+    assert len(log) == 2 and log.state_at((10, 4, -1)).watermark == 4
+    snapshot = Marker(MarkerKind.W_SNAPSHOT, "__wm_generator-x", (10, 5, -1), 5, body={"signed": b"x" * 1_000})
+    log.append(snapshot)
+    assert log.fold(log.base, log.base_position, (10, 5, -1)).position == (10, 5, -1)
+    assert all(m.body is None for m in log._markers)
 
 
 # -- the counterexamples of issue #17 --------------------------------------------------------------------
