@@ -2,6 +2,8 @@
 
 `python -m bench seek` (or any of client, generator, scale, spark, seek, sink) runs only those, merging
 their figures into docs/benchmarks.json.
+`python -m bench seek` (or any of client, generator, scale, spark, seek, bounds, snapshot) runs only
+those, merging their figures into docs/benchmarks.json. `python -m bench snapshot` needs no broker.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import client_throughput, generator, generator_scale, multi_broker, seek, spark
+from bench import client_throughput, generator, generator_bounds, generator_scale, seek, spark
 from bench.common import bench_cluster, say, write_results
 from devtools.local_cluster import PULSAR_VERSION
 from pulsar_access.settings import PulsarSettings
@@ -22,6 +25,10 @@ Figures = dict[str, float | int | str]
 def _generator_scale(settings: PulsarSettings) -> Figures:
     with tempfile.TemporaryDirectory(prefix="wm-bench-scale-") as logs:
         return generator_scale.run(settings, Path(logs))
+
+
+def _snapshot(_settings: PulsarSettings) -> Figures:
+    return generator_bounds.snapshot_figures()
 
 
 GROUPS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {
@@ -35,6 +42,11 @@ GROUPS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {
 }
 OWN_CLUSTER = {"multi"}
 """Groups that start a cluster of their own."""
+    "bounds": ("an abandoned subscription's memory (issue 26)", generator_bounds.abandoned_subscription_figures),
+    "snapshot": ("snapshot size with producers coming and going (issue 26)", _snapshot),
+}
+NO_BROKER = {"snapshot"}
+"""Groups measured on the pure side only: run alone, they start no cluster."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -56,6 +68,21 @@ def main(argv: list[str] | None = None) -> None:
             say(title)
             figures.update(run_alone(None))  # type: ignore[arg-type]
     write_results(figures)
+    if set(chosen) <= NO_BROKER:
+        figures: Figures = {}
+        for name in chosen:
+            title, run = GROUPS[name]
+            say(title)
+            figures.update(run(PulsarSettings.from_env()))
+        write_results(figures)
+    else:
+        with bench_cluster() as settings:
+            figures = {"pulsar_version": PULSAR_VERSION}
+            for name in chosen:
+                title, run = GROUPS[name]
+                say(title)
+                figures.update(run(settings))
+            write_results(figures)
     for key, value in figures.items():
         if not key.endswith("_how"):
             say(f"{key} = {value}")

@@ -94,6 +94,8 @@ GOALS = {
     "generator_ownership_max_share_3_instances_3_brokers": "<= 0.45",
     "multi_broker_cluster_up_s": "< 90",
     "sink_exactly_once_vs_at_least_once_rate": ">= 0.8",
+    "snapshot_bytes_10000_producers": "<= 16384",
+    "generator_memory_abandoned_subscription_ratio": "<= 2",
 }
 
 

@@ -30,6 +30,8 @@ class GeneratorConfig:
     topics: tuple[str, ...] = ()
     producer_timeout_ms: int = 60_000
     txn_timeout_ms: int = 60_000
+    producer_retention_ms: int = 600_000
+    """A producer out (idle or timed out) for this long on the log clock is forgotten (bounded state)."""
     snapshot_interval_messages: int = 1_000
     snapshot_interval_s: float = 10.0
     poll_interval_s: float = 0.05
@@ -47,7 +49,10 @@ class GeneratorConfig:
 
     @property
     def watermark_config(self) -> WatermarkConfig:
-        return WatermarkConfig(producer_timeout_ms=self.producer_timeout_ms, txn_timeout_ms=self.txn_timeout_ms)
+        return WatermarkConfig(
+            producer_timeout_ms=self.producer_timeout_ms, txn_timeout_ms=self.txn_timeout_ms,
+            producer_retention_ms=self.producer_retention_ms,
+        )  # fmt: skip
 
 
 def _env(name: str, default: str) -> str:
@@ -75,6 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--txn-timeout-ms", type=int, default=int(_env("WM_TXN_TIMEOUT_MS", str(d.txn_timeout_ms))),
         help="a watermark transaction without commit or abort for this long is discarded "
         "(env WM_TXN_TIMEOUT_MS; default 60000)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--producer-retention-ms", type=int,
+        default=int(_env("WM_PRODUCER_RETENTION_MS", str(d.producer_retention_ms))),
+        help="a producer idle, or timed out, for this long more (by the log's publish times) is forgotten, so "
+        "that producers coming and going never grow the state; if it comes back it is a late joiner "
+        "(env WM_PRODUCER_RETENTION_MS; default 600000)",
     )  # fmt: skip
     parser.add_argument(
         "--snapshot-interval-messages", type=int,
@@ -162,6 +174,7 @@ def from_arguments(args: argparse.Namespace) -> GeneratorConfig:
     if not namespaces and not topics:
         namespaces = ("public/default",)
     for value, name in ((args.producer_timeout_ms, "--producer-timeout-ms"), (args.txn_timeout_ms, "--txn-timeout-ms"),
+                        (args.producer_retention_ms, "--producer-retention-ms"),
                         (args.snapshot_interval_messages, "--snapshot-interval-messages"),
                         (args.stats_rate, "--stats-rate")):  # fmt: skip
         if value <= 0:
@@ -172,6 +185,7 @@ def from_arguments(args: argparse.Namespace) -> GeneratorConfig:
         topics=topics,
         producer_timeout_ms=args.producer_timeout_ms,
         txn_timeout_ms=args.txn_timeout_ms,
+        producer_retention_ms=args.producer_retention_ms,
         snapshot_interval_messages=args.snapshot_interval_messages,
         snapshot_interval_s=args.snapshot_interval_s,
         poll_interval_s=args.poll_interval_s,

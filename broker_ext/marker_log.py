@@ -10,9 +10,9 @@ Pure: no I/O.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from watermark_core.protocol import Marker, Position
+from watermark_core.protocol import Marker, Position, WatermarkEvent
 from watermark_core.state import WatermarkState
 
 
@@ -38,11 +38,14 @@ class MarkerLog:
         return self._positions[-1] if self._positions else None
 
     def append(self, marker: Marker) -> None:
-        """Add the next marker read from the partition (positions only go up)."""
+        """Add the next marker read from the partition (positions only go up).
+
+        A W_SNAPSHOT is kept without its payload: folding it only moves the position.
+        """
         if marker.position <= self.head_position:
             raise ValueError(f"marker at {marker.position} is not after the log's head {self.head_position}")
         self._positions.append(marker.position)
-        self._markers.append(marker)
+        self._markers.append(replace(marker, body=None) if marker.body is not None else marker)
         self.head_position = marker.position
 
     def advance_head(self, position: Position) -> None:
@@ -62,6 +65,12 @@ class MarkerLog:
     def state_at(self, position: Position) -> WatermarkState:
         """The state after every marker at or before `position`."""
         return self.fold(self.base, self.base_position, position)
+
+    def keeping(self, limit: int) -> Position:
+        """The position to trim up to so that at most `limit` markers stay (the base if they do already)."""
+        if len(self._positions) <= limit:
+            return self.base_position
+        return self._positions[len(self._positions) - limit - 1]
 
     def trim(self, up_to: Position) -> None:
         """Fold the markers at or before `up_to` into the base; no position before it can be asked again."""
@@ -88,6 +97,8 @@ class SubscriptionTracker:
     """Whether a table holding this subscription was published since it appeared or moved back."""
     rebuilding: bool = False
     """Its state is being rebuilt from the log (the marker log does not reach back to its position)."""
+    last_event: WatermarkEvent | None = None
+    """The event last published for it: tables repeat it while it is not ready, so each names it."""
 
     def advance(self, log: MarkerLog) -> None:
         """Fold forward toward the mark-delete position, never past what the log has read."""

@@ -34,13 +34,22 @@ class SourceOffset:
 
     partitions: Mapping[PartitionKey, Entry | None] = field(default_factory=dict)
     watermark: int = NO_WATERMARK
+    held_back_by: tuple[PartitionKey, ...] = field(default=(), compare=False)
+    """Partitions with entries but no watermark known at their end: they hold the watermark back
+    (`KnownWatermarks.held_back_by`). In the JSON as `heldBackBy` (the query's progress shows it)."""
 
     def to_json(self) -> dict[str, Any]:
         """The dict Spark stores in its checkpoint (`initialOffset`/`latestOffset` return it)."""
         topics: dict[str, dict[str, list[int] | None]] = {}
         for (topic, partition), entry in sorted(self.partitions.items()):
             topics.setdefault(topic, {})[str(partition)] = None if entry is None else [entry[0], entry[1]]
-        return {"topics": topics, "wm": self.watermark}
+        data: dict[str, Any] = {"topics": topics, "wm": self.watermark}
+        if self.held_back_by:
+            held: dict[str, list[int]] = {}
+            for topic, partition in sorted(self.held_back_by):
+                held.setdefault(topic, []).append(partition)
+            data["heldBackBy"] = held
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None, legacy_topic: str | None = None) -> SourceOffset:
@@ -60,10 +69,14 @@ class SourceOffset:
                 raise ValueError("this checkpoint's offsets name no topic; read it with one option 'topic'")
             for key, entry in legacy.items():
                 partitions[(legacy_topic, int(key))] = _entry(entry)
-        return cls(partitions, int(data.get("wm", NO_WATERMARK)))
+        held = tuple(
+            (str(topic), int(partition)) for topic, indexes in (data.get("heldBackBy") or {}).items()
+            for partition in indexes
+        )  # fmt: skip
+        return cls(partitions, int(data.get("wm", NO_WATERMARK)), held)
 
     def with_watermark(self, watermark: int) -> SourceOffset:
-        return SourceOffset(self.partitions, watermark)
+        return SourceOffset(self.partitions, watermark, self.held_back_by)
 
     def ranges_after(self, start: SourceOffset) -> list[tuple[PartitionKey, Entry | None, Entry]]:
         """(partition, start entry or None, end entry) of every partition with entries in (start, self]."""

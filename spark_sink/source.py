@@ -565,6 +565,7 @@ class _DriverState:
         self._starts: dict[PartitionKey, Entry | None] | None = None
         self._consumers: dict[PartitionKey, Any] = {}
         self._loss_reported: set[PartitionKey] = set()
+        self._held: list[PartitionKey] = []
         self._pool = ThreadPoolExecutor(ADMIN_CALLS, thread_name_prefix="pulsar-watermark-admin")
         self.partitions()
 
@@ -675,8 +676,32 @@ class _DriverState:
             ends = share_limit(starts, ends, self.ledgers, max_entries)
         found = self.known.watermark(ends)
         watermark = max(begin.watermark, NO_WATERMARK if found is None else found)
+        held = self.known.held_back_by(ends)
+        self._say_held_back(held, watermark)
+        joined = [key for key, end in ends.items() if end is not None and begin.partitions.get(key) is None]
+        if joined and begin.watermark != NO_WATERMARK:
+            log.warning("%s got its first messages after the query's watermark reached %d: those below it are late "
+                        "(a topic that joins late is a late joiner, like a producer)",
+                        ", ".join(f"{t}" + (f" partition {p}" if p >= 0 else "") for t, p in joined[:20]),
+                        begin.watermark)  # fmt: skip
         self.known.forget_before(starts)
-        return SourceOffset(ends, watermark)
+        return SourceOffset(ends, watermark, tuple(held))
+
+    def _say_held_back(self, held: list[PartitionKey], watermark: int) -> None:
+        """Log when the partitions holding the watermark back change: a query never stalls silently."""
+        if held == self._held:
+            return
+        if held:
+            log.warning(
+                "the query's watermark is held at %s by %d partition(s) with messages but no broker watermark: %s. "
+                "A topic takes part once a WatermarkProducer sends a W_SET there (plain producers never do) and "
+                "the generator (`broker-ext serve`) follows it; or leave the topic out of 'topics'/'topicsPattern'",
+                "none" if watermark == NO_WATERMARK else watermark, len(held),
+                ", ".join(f"{t}" + (f" partition {p}" if p >= 0 else "") for t, p in held[:20]),
+            )  # fmt: skip
+        else:
+            log.info("no partition holds the query's watermark back any more (now %s)", watermark)
+        self._held = held
 
     def split(
         self, ranges: list[tuple[PartitionKey, Entry | None, Entry]], tasks: int

@@ -86,11 +86,23 @@ class KnownWatermarks:
             return self._values[key][index - 1] if index > 0 else None
 
     def watermark(self, ends: Mapping[PartitionKey, Entry | None]) -> int | None:
-        """The watermark at a batch's ends: the minimum over every partition; None while one has none."""
-        found = [self.at(key, end) for key, end in ends.items()]
+        """The query's watermark at a batch's ends (README, "Several topics"): the minimum over
+        the partitions that have entries; None while one of them has no watermark known (`held_back_by`).
+
+        An empty partition (no entry at all: end None) takes no part, as a producer that never sent W_SET
+        takes no part in a partition's watermark; if it gets entries below the query's watermark later,
+        it is a late joiner (its rows below are marked late, and the driver says which topic joined late).
+        """
+        found = [self.at(key, end) for key, end in ends.items() if end is not None]
         if not found or any(value is None for value in found):
             return None
         return min(value for value in found if value is not None)
+
+    def held_back_by(self, ends: Mapping[PartitionKey, Entry | None]) -> list[PartitionKey]:
+        """The partitions that hold the query's watermark back: entries, but no watermark known at their end
+        (written only by plain producers, or not yet published by the generator). Never silent: the source
+        names them in its offsets (the query's progress) and its log."""
+        return sorted(key for key, end in ends.items() if end is not None and self.at(key, end) is None)
 
     def forget_before(self, starts: Mapping[PartitionKey, Entry | None]) -> None:
         """Drop what no batch from `starts` on can need: all but the latest fact at or before each start."""

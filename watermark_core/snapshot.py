@@ -175,6 +175,7 @@ def state_to_dict(state: WatermarkState) -> dict[str, Any]:
         "config": {
             "producer_timeout_ms": state.config.producer_timeout_ms,
             "txn_timeout_ms": state.config.txn_timeout_ms,
+            "producer_retention_ms": state.config.producer_retention_ms,
         },
         "position": None if state.position is None else list(state.position),
         "clock": state.clock,
@@ -258,9 +259,11 @@ def _map(value: Any, what: str) -> Mapping[str, Any]:
 def _config_from(value: Any) -> WatermarkConfig:
     recorded = _map(value, "config")
     try:
+        retention = recorded.get("producer_retention_ms", WatermarkConfig.producer_retention_ms)  # absent before it
         return WatermarkConfig(
             _int(_need(recorded, "producer_timeout_ms"), "producer_timeout_ms"),
             _int(_need(recorded, "txn_timeout_ms"), "txn_timeout_ms"),
+            _int(retention, "producer_retention_ms"),
         )
     except MalformedMarker:
         raise

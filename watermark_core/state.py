@@ -10,6 +10,9 @@ is one small named function below:
   excepted, so that timeouts are decided by the log and not by a wall clock;
 - producer timeout (`_is_expired`, `_renew`): a producer silent on the log clock for longer than
   `producer_timeout_ms` is not active; any new marker of it renews it;
+- forgetting (`_forget`): a producer out of the set (idle, or timed out) for longer than
+  `producer_retention_ms` on the log clock is dropped, so the state stays bounded however many
+  producers come and go; one that comes back starts afresh, as a late joiner;
 - transactions (`_transactions`, `_drop_timed_out_txns`): a marker sent inside a watermark
   transaction waits and takes effect at the transaction's W_TXN_COMMIT; W_TXN_ABORT, or no outcome
   within `txn_timeout_ms` on the log clock, discards it;
@@ -41,9 +44,11 @@ class WatermarkConfig:
 
     producer_timeout_ms: int = 60_000
     txn_timeout_ms: int = 60_000
+    producer_retention_ms: int = 600_000
+    """How long a producer out of the set (idle, or timed out) is remembered, on the log clock."""
 
     def __post_init__(self) -> None:
-        for name in ("producer_timeout_ms", "txn_timeout_ms"):
+        for name in ("producer_timeout_ms", "txn_timeout_ms", "producer_retention_ms"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int of milliseconds, got {value!r}")
@@ -113,7 +118,7 @@ class WatermarkState:
         clock = _tick(self.clock, marker.publish_time)
         pending = _drop_timed_out_txns(self.pending_txns, clock, self.config.txn_timeout_ms)
         effect = _transactions(marker, pending, clock)
-        producers = dict(self.producers)
+        producers = _forget(self.producers, pending, clock, self.config)
         producers[marker.producer] = _assert(_renew(producers.get(marker.producer), clock), effect)
         watermark = _advance(self.watermark, _active(producers, clock, self.config.producer_timeout_ms))
         return WatermarkState(self.config, marker.position, clock, watermark, producers, pending)
@@ -190,6 +195,29 @@ def _renew(record: ProducerRecord | None, clock: int) -> ProducerRecord:
 def _is_expired(record: ProducerRecord, clock: int, timeout_ms: int) -> bool:
     """Producer timeout: a producer that died without W_IDLE stops holding the watermark back."""
     return clock - record.last_seen > timeout_ms
+
+
+def _forget(
+    producers: Mapping[str, ProducerRecord], pending: Mapping[PendingKey, PendingMarker], clock: int,
+    config: WatermarkConfig,
+) -> dict[str, ProducerRecord]:
+    """Forgetting: drop producers out of the set for longer than the retention on the log clock.
+
+    Out since: its W_IDLE (or its last marker, if it never asserted), or the moment its producer
+    timeout ran out. A producer that takes no part does not hold the watermark, so dropping it
+    changes no watermark; if it comes back, it starts afresh like a new producer (a late joiner: its
+    W_SET below the watermark does not pull it back). One with an open transaction is kept until
+    the transaction ends or times out.
+    """
+    holding = {producer for producer, _ in pending}
+    kept = {}
+    for name, record in producers.items():
+        out_since = record.last_seen
+        if record.event_time is not None and not record.idle:
+            out_since += config.producer_timeout_ms
+        if name in holding or clock - out_since <= config.producer_retention_ms:
+            kept[name] = record
+    return kept
 
 
 def _drop_timed_out_txns(

@@ -25,7 +25,7 @@ at any position still in the topic can be rebuilt exactly (broker_ext/engine/rec
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from broker_ext.engine.recovery import (
     BEFORE_EVERYTHING,
@@ -471,21 +471,25 @@ class PartitionEngine:
         Ready: folded to its mark-delete position (or the head is the partition's last entry). A
         subscription without a watermark is published too (event_time None) where the partition has
         had one: after a seek back before every W_SET, or for a subscription re-created under an old
-        name, the latest table may still hold a watermark for it that is premature now.
+        name, the latest table may still hold a watermark for it that is premature now. Every table
+        names every subscription published before: one not ready (acknowledged ahead of our head, or
+        being rebuilt) with its last event, still true at the position it names; compaction keeps only
+        the latest table, and a consumer attaching must find its subscription there.
         """
         had_watermark = f.head.watermark is not None
-        table = [
+        ready = [
             t for t in f.trackers.values()
             if not t.rebuilding
             and (t.applied_to[:2] >= t.mark_delete[:2] or f.read_to_tail)
             and (t.state.watermark is not None or had_watermark)
         ]  # fmt: skip
-        changed = tuple(t.name for t in table if not t.announced or t.published != t.state.watermark)
+        changed = tuple(t.name for t in ready if not t.announced or t.published != t.state.watermark)
         if not changed:
             return
         self._seq = max(self._seq + 1, int(now * 1_000_000))
-        events = tuple(
-            WatermarkEvent(
+        for t in ready:
+            t.announced, t.published = True, t.state.watermark
+            t.last_event = WatermarkEvent(
                 topic=self.base_topic,
                 partition=self.partition,
                 subscription=t.name,
@@ -496,14 +500,15 @@ class PartitionEngine:
                 idle=tuple(t.state.idle_producers()),
                 pending=len(t.state.pending_txns),
             )
-            for t in table
-        )
-        for t in table:
-            t.announced, t.published = True, t.state.watermark
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("%s: publishing %r: watermark %s folded to %s, mark-delete %s, active %s, idle %s",
                           self.topic, t.name, t.state.watermark, t.applied_to[:2], t.mark_delete[:2],
                           t.state.active_producers(), t.state.idle_producers())  # fmt: skip
+        events = tuple(
+            t.last_event if t.last_event.seq == self._seq else replace(t.last_event, seq=self._seq)
+            for t in f.trackers.values()
+            if t.last_event is not None
+        )
         out.append(PublishTable(events, changed))
 
     # -- snapshots ----------------------------------------------------------------------------------
@@ -538,7 +543,10 @@ class PartitionEngine:
         f.snapshots_due.append((f.head.advanced_to(at), True))
         f.messages_since_snapshot = 0
         f.last_snapshot_at = now
-        keep = [at] + [t.applied_to for t in f.trackers.values()]
+        # A subscription far behind (one that never acknowledges) must not pin the markers in memory: past
+        # `marker_log_limit` markers it is left before the log's base, and rebuilt from snapshots once it moves.
+        floor = f.log.keeping(self.config.marker_log_limit)
+        keep = [at] + [max(t.applied_to, floor) for t in f.trackers.values()]
         if self._rebuild is not None:
             keep.append(self._rebuild.stop)  # its fold goes on from the marker log there
         f.log.trim(min(keep))

@@ -243,6 +243,8 @@ class EngineConfig:
     """Verify the snapshots restored from (the shell signs with the same keys); docs/SECURITY.md."""
     snapshot_interval_messages: int = 1_000
     snapshot_interval_s: float = 10.0
+    marker_log_limit: int = 10_000
+    """Markers kept in memory for subscriptions behind the head; one further behind is rebuilt from snapshots."""
     takeover_idle_s: float = 0.2
     """A take-over stops looking for a snapshot in what is delivered after this long without an entry."""
     retry_initial_s: float = 0.5

@@ -78,6 +78,7 @@ class GeneratorProcess:
         return WatermarkConfig(
             producer_timeout_ms=int(env.get("WM_PRODUCER_TIMEOUT_MS") or defaults.producer_timeout_ms),
             txn_timeout_ms=int(env.get("WM_TXN_TIMEOUT_MS") or defaults.txn_timeout_ms),
+            producer_retention_ms=int(env.get("WM_PRODUCER_RETENTION_MS") or defaults.producer_retention_ms),
         )
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -22,15 +23,24 @@ from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.settings import PulsarSettings
 from tests.integration.generator_process import GeneratorProcess
-from tests.integration.helpers import MALFORMED, Recorder, wait_until, watermark_table_reader, watermarks
+from tests.integration.helpers import (
+    MALFORMED,
+    Recorder,
+    backlog,
+    wait_until,
+    watermark_table_reader,
+    watermarks,
+)
 from tests.oracle import TopicOracle, assert_oracle_agrees, keep_history
 from watermark_core.protocol import (
     EVENT_PROPERTY,
     GENERATOR_SUBSCRIPTION,
     HEAD_WATERMARK,
     MARKER_PROPERTY,
+    SEND_WATERMARK,
     HeadWatermark,
     decode_head,
+    decode_table,
 )
 
 
@@ -630,5 +640,78 @@ def test_broker_ext_serve_without_namespace_or_topic_follows_public_default(
         assert_oracle_agrees(pulsar_client, admin, topic, gen.watermark_config)
     finally:
         for closable in (consumer, producer):
+            closable.close()
+        gen.stop()
+
+
+def _latest_table(client: pulsar.Client, topic: str) -> dict[str, int | None]:
+    """The latest SendWatermark table of a non-partitioned topic: what compaction keeps for it."""
+    reader = watermark_table_reader(client, topic)
+    latest: dict[str, int | None] = {}
+    try:
+        while reader.has_message_available():
+            message = reader.read_next(timeout_millis=5_000)
+            if message.properties().get(EVENT_PROPERTY) == SEND_WATERMARK:
+                latest = {event.subscription: event.event_time for event in decode_table(message.data())}
+    finally:
+        reader.close()
+    return latest
+
+
+def test_every_table_names_a_subscription_acknowledged_ahead_of_the_generators_head(
+    pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str, tmp_path: Path
+) -> None:
+    """Issue #26 (2): the generator is held back (SIGSTOP) while "ahead" acknowledges a backlog it has not read;
+    then a new subscription makes it publish a table while it reads the backlog. That table left "ahead" out, and
+    "ahead", ready later with its unchanged watermark, was never published again: compaction would keep no
+    watermark for it."""
+    gen = GeneratorProcess(pulsar_settings, tmp_path / "gen.log", "every-table", WM_NAMESPACES=namespace).start()
+    topic = f"persistent://{namespace}/every-table"
+    earliest = pulsar.InitialPosition.Earliest
+    ahead = pulsar_client.subscribe(topic, "ahead", initial_position=earliest)
+    other = pulsar_client.subscribe(topic, "other", initial_position=earliest)
+    a = WatermarkProducer(pulsar_client, topic, producer_name="A", keepalive_interval_ms=None)
+    b = WatermarkProducer(pulsar_client, topic, producer_name="B", keepalive_interval_ms=None)
+    plain = pulsar_client.create_producer(
+        topic, batching_enabled=True, batching_max_messages=1_000, block_if_queue_full=True
+    )
+    stopped = False
+    try:
+        a.new_watermark().event_time(100).send()
+        for consumer in (ahead, other):
+            consumer.acknowledge_cumulative(consumer.receive(timeout_millis=10_000))
+        wait_until(lambda: _latest_table(pulsar_client, topic) == {"ahead": 100, "other": 100}, timeout_s=30,
+                   what="the table with both subscriptions at 100")  # fmt: skip
+        assert gen.proc is not None
+        gen.proc.send_signal(signal.SIGSTOP)
+        stopped = True
+        b.new_watermark().event_time(50).send()  # a late joiner: no watermark changes, but a marker waits
+        for _ in range(30_000):
+            plain.send_async(b"x", lambda result, _id: None)
+        plain.flush()
+        last, received = None, 0
+        while received < 30_001 or last is not None:  # the generator's snapshots are messages too
+            try:
+                last = ahead.receive(timeout_millis=2_000)
+                received += 1
+            except pulsar.Timeout:
+                assert received >= 30_001, f"'ahead' received {received} messages only"
+                break
+        assert last is not None
+        ahead.acknowledge_cumulative(last)
+        wait_until(lambda: backlog(admin, topic, "ahead") == 0, timeout_s=30, what="'ahead' acknowledged it all")
+        newcomer = pulsar_client.subscribe(topic, "new", initial_position=earliest)  # its first table goes out soon
+        gen.proc.send_signal(signal.SIGCONT)
+        stopped = False
+        wait_until(lambda: "new" in _latest_table(pulsar_client, topic), timeout_s=30, what="a table naming 'new'")
+        wait_until(lambda: backlog(admin, topic, GENERATOR_SUBSCRIPTION) < 100, timeout_s=60,
+                   what="the generator read the backlog")  # fmt: skip
+        time.sleep(1.0)  # "ahead" is ready now: a table naming it would have gone out by now
+        assert _latest_table(pulsar_client, topic) == {"ahead": 100, "other": 100, "new": None}
+        newcomer.close()
+    finally:
+        if stopped and gen.proc is not None:
+            gen.proc.send_signal(signal.SIGCONT)
+        for closable in (ahead, other, a, b, plain):
             closable.close()
         gen.stop()

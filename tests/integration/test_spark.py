@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -329,6 +330,61 @@ def test_a_query_on_two_topics_closes_a_window_only_when_both_watermarks_passed_
 
 def test_late_rows_are_marked_not_dropped_unseen_and_name_the_producer_the_generator_counts(
     spark: SparkSession, pulsar_client: pulsar.Client, pulsar_settings: Any, namespace: str, tmp_path: Path
+def _end_of(query: Any, topic: str) -> tuple[int, int]:
+    """The latest batch's end entry of a non-partitioned topic, (-1, -1) before one."""
+    sources = (query.lastProgress or {}).get("sources") or [{}]
+    offset = sources[0].get("endOffset") or {}
+    entry = ((json.loads(offset) if isinstance(offset, str) else offset).get("topics") or {}).get(topic, {}).get("-1")
+    return (int(entry[0]), int(entry[1])) if entry else (-1, -1)
+
+
+def _held_back_by(query: Any) -> dict[str, list[int]]:
+    """The partitions named as holding the watermark back in the latest batch's end offset (the progress)."""
+    sources = (query.lastProgress or {}).get("sources") or [{}]
+    offset = sources[0].get("endOffset") or {}
+    return dict((json.loads(offset) if isinstance(offset, str) else offset).get("heldBackBy") or {})
+
+
+@pytest.mark.usefixtures("generator")
+def test_a_pattern_with_an_empty_topic_does_not_stall_and_one_without_a_watermark_is_named(
+    spark: SparkSession, pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str, tmp_path: Path
+) -> None:
+    """Issue #26 (4): an empty matched topic held the query's watermark back for good, silently."""
+    watermarked, empty, plain = f"{topic}-watermarked", f"{topic}-empty", f"{topic}-plain"
+    for name in (watermarked, empty, plain):
+        admin.create_topic(name)
+    producer = WatermarkProducer(pulsar_client, watermarked, producer_name="sensor")
+    producer.new_watermark().event_time(BASE).send()
+    producer.send(b"x", event_timestamp=BASE + 1_000)
+    producer.new_watermark().event_time(BASE + 15_000).send()
+    query = (
+        spark_sink.read_stream(spark, topicsPattern=f"{topic}-.*", subscription="pattern")
+        .writeStream.foreachBatch(lambda df, _id: df.count())
+        .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="500 milliseconds").start()
+    )  # fmt: skip
+    plain_producer = pulsar_client.create_producer(plain)
+    try:
+        # the empty topics take no part: the watermarked topic's 15 s is the query's
+        wait_until(lambda: _source_watermark(query) == BASE + 15_000, timeout_s=90, what="the broker watermark 15 s")
+        assert _held_back_by(query) == {}
+        plain_producer.send(b"no event-time promise")  # messages, but no producer takes part there
+        wait_until(lambda: _held_back_by(query) == {plain: [-1]}, timeout_s=60, what="the plain topic named")
+        producer.new_watermark().event_time(BASE + 25_000).send()
+        last = producer.send(b"y", event_timestamp=BASE + 26_000)
+        wait_until(lambda: _end_of(query, watermarked) >= (last.ledger_id(), last.entry_id()), timeout_s=60,
+                   what="a batch ending after the new rows")  # fmt: skip
+        time.sleep(3)  # the generator's 25 s is out by now: a batch would carry it, were the plain topic not named
+        assert _source_watermark(query) == BASE + 15_000  # held where it was, by the topic it names
+        assert _held_back_by(query) == {plain: [-1]}
+    finally:
+        query.stop()
+        plain_producer.close()
+        producer.close()
+
+
+@pytest.mark.usefixtures("generator")
+def test_rows_below_the_broker_watermark_are_marked_late_not_dropped_unseen(
+    spark: SparkSession, pulsar_client: pulsar.Client, topic: str, tmp_path: Path
 ) -> None:
     """A late row names its producer (`producer`), the same one the generator's broken-assertion metric names."""
     from bench.common import metric_samples

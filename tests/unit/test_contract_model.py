@@ -15,6 +15,9 @@ where the contract leaves the mechanics open, from docs/PROTOCOL.md:
   marker of it but a snapshot), and a transaction when it moved more than the transaction timeout
   past the transaction's first marker (contract 1 "decided in a way that keeps the rule above",
   PROTOCOL 4; snapshots change nothing, PROTOCOL 6);
+- a producer out (idle, never asserted, or timed out) for longer than the retention on the log
+  clock, with no transaction open, is forgotten: what it asserted before no longer counts, and if
+  it comes back it starts afresh (contract 1: "a forgotten producer that returns is a late joiner");
 - the watermark at a position is the minimum over the active producers' assertions, never going
   back along the log (late joiners do not pull it back), and without active producers the last
   one holds (contract 1). Written here without a fold: the largest such minimum at any position
@@ -55,12 +58,19 @@ def log_clocks(markers: list[Marker]) -> list[int | None]:
     return clocks
 
 
-def effects(markers: list[Marker], clocks: list[int | None], txn_timeout_ms: int) -> list[Effect]:
-    """Plain W_SET/W_IDLE where they are; a transaction's latest marker at its commit, if still open."""
+def effects(
+    markers: list[Marker], clocks: list[int | None], txn_timeout_ms: int
+) -> tuple[list[Effect], list[set[str]]]:
+    """Plain W_SET/W_IDLE where they are; a transaction's latest marker at its commit, if still open.
+
+    Also, after each marker, the producers with a transaction still open.
+    """
     found: list[Effect] = []
+    holding: list[set[str]] = []
     open_txns: dict[tuple[str, str], tuple[int, Marker]] = {}  # (producer, txn) -> (clock at its first, latest)
     for i, marker in enumerate(markers):
         clock = clocks[i]
+        holding.append({producer for producer, _ in open_txns})
         if marker.kind is MarkerKind.W_SNAPSHOT or clock is None:
             continue
         # Timed out: no outcome within the timeout, on the log clock including this marker.
@@ -76,7 +86,8 @@ def effects(markers: list[Marker], clocks: list[int | None], txn_timeout_ms: int
             held = open_txns.pop((marker.producer, marker.txn), None)
             if held is not None and marker.kind is MarkerKind.W_TXN_COMMIT:
                 found.append(Effect(i, marker.producer, held[1].kind, held[1].event_time))
-    return found
+        holding[i] = {producer for producer, _ in open_txns}
+    return found, holding
 
 
 @dataclass(frozen=True)
@@ -88,24 +99,43 @@ class Reference:
 def reference(markers: list[Marker], config: WatermarkConfig) -> Reference:
     """For each position: the active producers with their assertions, and the watermark."""
     clocks = log_clocks(markers)
-    applied = effects(markers, clocks, config.txn_timeout_ms)
+    applied, holding = effects(markers, clocks, config.txn_timeout_ms)
+
+    def spoke(producer: str, since: int, upto: int) -> list[int]:
+        # A snapshot is the generator's record, not a sign of life of whoever wrote it.
+        return [j for j in range(since, upto + 1)
+                if markers[j].producer == producer and markers[j].kind is not MarkerKind.W_SNAPSHOT]  # fmt: skip
+
+    def latest(producer: str, since: int, upto: int) -> Effect | None:
+        mine = [e for e in applied if e.producer == producer and since <= e.index <= upto]
+        return mine[-1] if mine else None
+
+    known: dict[str, int] = {}  # producer -> the index its memory starts at (its first marker, or since forgotten)
     active: list[dict[str, int]] = []
     for i, clock in enumerate(clocks):
+        marker = markers[i]
+        if marker.kind is not MarkerKind.W_SNAPSHOT and clock is not None:
+            for producer, since in list(known.items()):
+                # Forgotten: out (idle or never asserted: since its latest marker; asserted: since that plus the
+                # producer timeout) for longer than the retention on the log clock, with no transaction open.
+                heard = clocks[max(spoke(producer, since, i - 1))]
+                effect = latest(producer, since, i - 1)
+                assert heard is not None
+                out_since = heard + (config.producer_timeout_ms if effect and effect.kind is MarkerKind.W_SET else 0)
+                if producer not in holding[i] and clock - out_since > config.producer_retention_ms:
+                    del known[producer]  # if it comes back, it starts afresh
+            known.setdefault(marker.producer, i)
         now: dict[str, int] = {}
-        for producer in {m.producer for m in markers[: i + 1] if m.kind is not MarkerKind.W_SNAPSHOT}:
-            latest = [e for e in applied if e.producer == producer and e.index <= i]
-            if not latest or latest[-1].kind is not MarkerKind.W_SET:
-                continue  # never asserted, or idle since
-            # A snapshot is the generator's record, not a sign of life of whoever wrote it.
-            own = [j for j in range(i + 1) if markers[j].producer == producer]
-            spoke = max(j for j in own if markers[j].kind is not MarkerKind.W_SNAPSHOT)
-            heard_at = clocks[spoke]
+        for producer, since in known.items():
+            effect = latest(producer, since, i)
+            if effect is None or effect.kind is not MarkerKind.W_SET:
+                continue  # never asserted (since forgotten), or idle since
+            heard_at = clocks[max(spoke(producer, since, i))]
             assert clock is not None and heard_at is not None
             if clock - heard_at > config.producer_timeout_ms:
                 continue  # silent for longer than the timeout on the log clock
-            event_time = latest[-1].event_time
-            assert event_time is not None
-            now[producer] = event_time
+            assert effect.event_time is not None
+            now[producer] = effect.event_time
         active.append(now)
     candidates = [min(a.values()) if a else None for a in active]
     watermarks = []
@@ -123,7 +153,10 @@ TIMEOUT = 100  # both timeouts; publish times move in steps around it
 
 @st.composite
 def edge_logs(draw: st.DrawFn) -> RandomLog:
-    config = WatermarkConfig(draw(st.sampled_from([TIMEOUT, 2 * TIMEOUT])), draw(st.sampled_from([TIMEOUT, 50])))
+    config = WatermarkConfig(
+        draw(st.sampled_from([TIMEOUT, 2 * TIMEOUT])), draw(st.sampled_from([TIMEOUT, 50])),
+        draw(st.sampled_from([50, TIMEOUT, 10**9])),
+    )  # fmt: skip
     publish = 0
     markers = []
     for _ in range(draw(st.integers(0, 25))):
@@ -187,11 +220,23 @@ SILENT_FOR_THE_TIMEOUT = RandomLog(  # silent exactly the timeout: active; one m
     ]),
 )  # fmt: skip
 
+FORGOTTEN_THEN_BACK = RandomLog(  # p1 timed out at 100 and was forgotten 50 later; its abort does not revive 10
+    WatermarkConfig(TIMEOUT, TIMEOUT, 50),
+    at_positions([
+        _m(MarkerKind.W_SET, "p1", 0, 10),
+        _m(MarkerKind.W_SET, "p2", 150, 30),
+        _m(MarkerKind.W_SET, "p2", 151, 40),
+        _m(MarkerKind.W_TXN_ABORT, "p1", 151, txn="nothing"),
+        _m(MarkerKind.W_SET, "p2", 152, 50),
+    ]),
+)  # fmt: skip
+
 
 @RELAXED
 @given(edge_logs())
 @example(COMMIT_AT_THE_TIMEOUT)
 @example(SILENT_FOR_THE_TIMEOUT)
+@example(FORGOTTEN_THEN_BACK)
 def test_the_watermark_is_the_contracts_at_the_edges(log: RandomLog) -> None:
     check(log)
 

@@ -45,6 +45,20 @@ def test_a_batch_end_takes_the_minimum_over_every_partition_of_every_topic() -> 
     assert known.watermark({}) is None
 
 
+def test_an_empty_partition_takes_no_part_and_one_with_messages_but_no_watermark_holds_it_back_by_name() -> None:
+    """Issue #26 (4): a topic matched by a pattern that is empty, or written only by plain producers, held the
+    query's watermark back for good, silently."""
+    known = KnownWatermarks()
+    known.add(A, (5, 10), 1_000)
+    known.add(B, (8, 3), 4_000)
+    assert known.watermark({A: (5, 10), B: (8, 3), C: None}) == 1_000  # u is empty: nothing of it can be late
+    assert known.held_back_by({A: (5, 10), B: (8, 3), C: None}) == []
+    assert known.watermark({A: (5, 10), B: (8, 3), C: (2, 0)}) is None  # u has messages, no watermark: held
+    assert known.held_back_by({A: (5, 10), B: (8, 3), C: (2, 0)}) == [C]
+    assert known.held_back_by({A: (5, 9), B: (8, 3), C: (2, 0)}) == [A, C]
+    assert known.watermark({C: None}) is None and known.held_back_by({C: None}) == []
+
+
 def test_lower_bounds_and_repeats_change_nothing() -> None:
     known = KnownWatermarks()
     known.add(A, (5, 10), 2_000)

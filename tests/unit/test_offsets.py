@@ -34,6 +34,15 @@ def test_partitions_are_keyed_by_topic() -> None:
     }
 
 
+def test_the_partitions_holding_the_watermark_back_are_named_in_the_offset_progress_shows() -> None:
+    offset = SourceOffset({(T, 0): (12, 7), (U, -1): (3, 4)}, NO_WATERMARK, ((U, -1), (T, 0)))
+    data = offset.to_json()
+    assert data["heldBackBy"] == {T: [0], U: [-1]}
+    assert sorted(SourceOffset.from_json(json.loads(json.dumps(data))).held_back_by) == [(T, 0), (U, -1)]
+    assert "heldBackBy" not in SourceOffset({(T, 0): (12, 7)}, 5).to_json()
+    assert offset == SourceOffset({(T, 0): (12, 7), (U, -1): (3, 4)}, NO_WATERMARK)  # not part of the position
+
+
 def test_checkpoints_in_the_one_topic_layout_still_restore() -> None:
     written_before = {"partitions": {"0": [12, 7], "1": None}, "wm": 1_700_000_000_000}
     offset = SourceOffset.from_json(written_before, legacy_topic=T)

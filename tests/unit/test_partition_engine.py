@@ -29,7 +29,7 @@ from broker_ext.engine.vocabulary import (
 )
 from broker_ext.marker_log import MarkerLog
 from tests.unit.partition_world import TOPIC, World, ack, ack_all, before_entry
-from watermark_core.protocol import MARKER_PROPERTY, MarkerKind, decode_marker, encode_set, entry_end
+from watermark_core.protocol import MARKER_PROPERTY, Marker, MarkerKind, decode_marker, encode_set, entry_end
 from watermark_core.state import WatermarkState
 
 pytestmark = pytest.mark.unit
@@ -486,6 +486,71 @@ def test_no_table_before_a_new_owners_tracker_reached_the_mark_delete_position()
     assert world.latest("sub") is None
     world.settle()
     assert world.latest("sub").event_time == 300  # type: ignore[union-attr]
+
+
+def test_every_table_names_every_subscription_that_has_a_value_even_one_acknowledged_ahead_of_the_head() -> None:
+    """Issue #26 (2): a subscription acknowledged ahead of the generator's head was left out of the table the
+    next change published, and, ready later with an unchanged value, never published again: after
+    compaction a consumer attaching to it got no watermark."""
+    world = World()
+    first_owner(world)
+    world.w_set("A", 100)
+    ack_all(world, "ahead")
+    ack_all(world, "other")
+    world.settle()
+    assert world.latest_table_holds("ahead").event_time == 100  # type: ignore[union-attr]
+    first = world.data("A", 110)
+    world.data("A", 120)
+    world.deliver(1)  # the generator has read up to `first` only
+    ack_all(world, "ahead")  # acknowledged past what the generator read
+    world.subscriptions["new"] = first[:2]  # a change: the next table goes out now
+    world.poll()
+    assert world.latest_table_holds("new").event_time == 100  # type: ignore[union-attr]
+    assert world.latest_table_holds("ahead").event_time == 100  # type: ignore[union-attr]
+    assert world.latest_table_holds("other").event_time == 100  # type: ignore[union-attr]
+    world.settle()  # "ahead" is ready now, with the same value
+    for name in ("ahead", "other", "new"):
+        assert world.latest_table_holds(name).event_time == 100, name  # type: ignore[union-attr]
+
+
+def test_a_subscription_that_never_acknowledges_does_not_pin_the_marker_log() -> None:
+    """Issue #26 (3a): an abandoned subscription held every marker after its position in memory (604 -> 2541
+    markers over 3600 written). Far behind, it costs a rebuild from the snapshots once it moves, not memory."""
+    world = World(config=EngineConfig(snapshot_interval_messages=4, marker_log_limit=10))
+    engine = first_owner(world)
+    world.w_set("A", 1)
+    ack_all(world, "abandoned")
+    ack_all(world, "live")
+    world.settle()
+    sizes = []
+    for t in range(2, 80):
+        world.w_set("A", t)
+        if t % 10 == 0:
+            world.roll()
+        ack_all(world, "live")
+        world.settle()
+        sizes.append(len(following(engine).log))
+    assert max(sizes) <= 10 + 4 + 1, sizes  # the limit, plus what comes in between two snapshots
+    assert world.latest_table_holds("live").event_time == 79  # type: ignore[union-attr]
+    assert world.latest_table_holds("abandoned").event_time == 1  # type: ignore[union-attr]
+    ack_all(world, "abandoned")  # it comes back: rebuilt from the snapshots, exact
+    world.settle()
+    assert world.latest_table_holds("abandoned").event_time == 79  # type: ignore[union-attr]
+    assert of(world, ReadMarkerAt) or of(world, ReadRange)
+
+
+def test_the_marker_log_says_where_to_trim_to_keep_a_number_of_markers_and_keeps_no_snapshot_payload() -> None:
+    log = MarkerLog(WatermarkState.initial(), (10, -1, -1))
+    for entry in range(5):
+        log.append(decode_marker({MARKER_PROPERTY: "W_SET"}, encode_set(entry), "A", (10, entry, -1), entry))  # type: ignore[arg-type]
+    assert log.keeping(10) == (10, -1, -1)  # nothing to drop
+    assert log.keeping(2) == (10, 2, -1)  # trimming there leaves the markers at entries 3 and 4
+    log.trim(log.keeping(2))
+    assert len(log) == 2 and log.state_at((10, 4, -1)).watermark == 4
+    snapshot = Marker(MarkerKind.W_SNAPSHOT, "__wm_generator-x", (10, 5, -1), 5, body={"signed": b"x" * 1_000})
+    log.append(snapshot)
+    assert log.fold(log.base, log.base_position, (10, 5, -1)).position == (10, 5, -1)
+    assert all(m.body is None for m in log._markers)
 
 
 # -- the counterexamples of issue #17 --------------------------------------------------------------------

@@ -66,8 +66,10 @@ class Run:
         return self.written[index][:2]
 
 
-def play(script: list[Step], takeovers: frozenset[int] = frozenset(), interval: int = 3) -> Run:
-    world = World(config=EngineConfig(snapshot_interval_messages=interval, snapshot_interval_s=5.0))
+def play(script: list[Step], takeovers: frozenset[int] = frozenset(), interval: int = 3, limit: int = 10_000) -> Run:
+    """`limit`: the engine's marker_log_limit (a small one leaves subscriptions behind to be rebuilt)."""
+    config = EngineConfig(snapshot_interval_messages=interval, snapshot_interval_s=5.0, marker_log_limit=limit)
+    world = World(config=config)
     run = Run(world, [])
     world.own(world.engine())
     for index, step in enumerate(script):
@@ -121,9 +123,9 @@ def final_values(run: Run) -> dict[str, int | None]:
 
 
 @RELAXED
-@given(st.lists(steps, max_size=60))
-def test_a_published_watermark_is_the_fold_of_the_log_up_to_its_position(script: list[Step]) -> None:
-    run = play(script)
+@given(st.lists(steps, max_size=60), st.sampled_from((10_000, 3, 1)))
+def test_a_published_watermark_is_the_fold_of_the_log_up_to_its_position(script: list[Step], limit: int) -> None:
+    run = play(script, limit=limit)
     check_every_value_published(run.world)
     finals = final_values(run)
     check_every_value_published(run.world)
@@ -133,12 +135,28 @@ def test_a_published_watermark_is_the_fold_of_the_log_up_to_its_position(script:
 
 
 @RELAXED
-@given(st.lists(steps, max_size=60), st.frozensets(st.integers(0, 40), max_size=3), st.integers(2, 6))
+@given(st.lists(steps, max_size=60), st.sampled_from((10_000, 2)))
+def test_the_latest_table_names_every_subscription_with_a_watermark(script: list[Step], limit: int) -> None:
+    """Issue #26 (2): compaction keeps only the latest table, so it must hold every subscription's value."""
+    run = play(script, limit=limit)
+    run.world.settle()
+    for name, mark_delete in run.world.subscriptions.items():
+        truth = run.world.watermark_at(mark_delete)
+        if truth is not None:
+            event = run.world.latest_table_holds(name)
+            assert event is not None and event.event_time == truth, (name, mark_delete)
+
+
+@RELAXED
+@given(
+    st.lists(steps, max_size=60), st.frozensets(st.integers(0, 40), max_size=3), st.integers(2, 6),
+    st.sampled_from((10_000, 2)),
+)
 def test_taking_over_at_any_point_then_continuing_equals_an_uninterrupted_run(
-    script: list[Step], takeovers: frozenset[int], interval: int
+    script: list[Step], takeovers: frozenset[int], interval: int, limit: int
 ) -> None:
     uninterrupted = play(script, interval=interval)
-    taken_over = play(script, takeovers, interval=interval)
+    taken_over = play(script, takeovers, interval=interval, limit=limit)
     check_every_value_published(taken_over.world)
     assert final_values(taken_over) == final_values(uninterrupted)
     check_every_value_published(taken_over.world)

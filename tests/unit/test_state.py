@@ -200,6 +200,65 @@ def test_the_clock_never_goes_back_and_a_lagging_producer_is_still_renewed() -> 
     assert log.state.active_producers() == {"p1": 100, "p2": 300}
 
 
+# -- forgetting ------------------------------------------------------------------------------------------
+
+FORGETFUL = WatermarkConfig(producer_timeout_ms=10_000, txn_timeout_ms=5_000, producer_retention_ms=60_000)
+
+
+def test_an_idle_producer_is_forgotten_once_idle_for_longer_than_the_retention() -> None:
+    log = Log(FORGETFUL)
+    log.set("p1", 100, at=1_000)
+    log.idle("p1", at=2_000)
+    log.set("p2", 500, at=62_000)  # idle for exactly the retention: remembered
+    assert "p1" in log.state.producers
+    log.set("p2", 600, at=62_001)
+    assert "p1" not in log.state.producers
+    assert log.state.watermark == 600
+
+
+def test_a_timed_out_producer_is_forgotten_a_retention_after_its_timeout() -> None:
+    log = Log(FORGETFUL)
+    log.set("p1", 100, at=1_000)
+    log.set("p2", 500, at=71_000)  # timed out at 11 000, out for exactly the retention since
+    assert log.state.expired_producers() == ["p1"]
+    log.set("p2", 600, at=71_001)
+    assert list(log.state.producers) == ["p2"]
+
+
+def test_a_producer_with_an_open_transaction_is_not_forgotten() -> None:
+    log = Log(WatermarkConfig(producer_timeout_ms=10_000, txn_timeout_ms=100_000, producer_retention_ms=1_000))
+    log.idle("p1", at=1_000)
+    log.set("p1", 50, at=1_000, txn="t")
+    log.set("p2", 500, at=50_000)
+    assert "p1" in log.state.producers
+    assert log.commit("p1", "t", at=50_001) == 500  # a late joiner at its commit
+    assert log.state.active_producers() == {"p1": 50, "p2": 500}
+
+
+def test_a_forgotten_producer_that_comes_back_is_a_late_joiner() -> None:
+    log = Log(FORGETFUL)
+    log.set("p1", 100, at=1_000)
+    log.set("p2", 500, at=100_000)
+    assert "p1" not in log.state.producers
+    assert log.abort("p1", "unknown", at=100_001) == 500  # remembered, this would revive its assertion of 100
+    assert log.state.active_producers() == {"p2": 500}
+    assert log.set("p1", 200, at=100_002) == 500  # below the watermark: does not pull it back
+    assert log.set("p2", 900, at=100_003) == 500
+    assert log.set("p1", 700, at=100_004) == 700
+
+
+def test_forgetting_keeps_the_snapshot_small_whatever_producers_came_and_went() -> None:
+    log = Log(FORGETFUL)
+    for i in range(2_000):
+        log.set(f"pod-{i}", 1_000 + i, at=1_000 + i)
+        log.idle(f"pod-{i}", at=1_000 + i)
+    assert len(log.state.producers) == 2_000
+    log.set("steady", 5_000, at=100_000)
+    assert list(log.state.producers) == ["steady"]
+    keys = SnapshotKeys.from_text("the-generators-key-in-test-state")
+    assert len(encode_snapshot(log.state, keys=keys, topic="persistent://public/default/t")) < 1_000
+
+
 # -- late joiners ----------------------------------------------------------------------------------------
 
 
@@ -412,7 +471,13 @@ def test_config_needs_positive_int_timeouts(value: Any) -> None:
 
 
 def test_config_defaults_to_sixty_seconds() -> None:
-    assert WatermarkConfig() == WatermarkConfig(60_000, 60_000)
+    assert WatermarkConfig() == WatermarkConfig(60_000, 60_000, 600_000)
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 1.5])
+def test_config_needs_a_positive_int_retention(value: Any) -> None:
+    with pytest.raises(ValueError, match="producer_retention_ms"):
+        WatermarkConfig(producer_retention_ms=value)
 
 
 # -- snapshots -------------------------------------------------------------------------------------------
@@ -450,7 +515,7 @@ def test_a_snapshot_marker_carries_the_state() -> None:
 def test_to_dict_layout() -> None:
     data = state_to_dict(busy_state())
     assert data["v"] == 1
-    assert data["config"] == {"producer_timeout_ms": 10_000, "txn_timeout_ms": 5_000}
+    assert data["config"] == {"producer_timeout_ms": 10_000, "txn_timeout_ms": 5_000, "producer_retention_ms": 600_000}
     assert data["position"] == [1, 6, -1]
     assert data["clock"] == 1_004
     assert data["watermark"] == 100

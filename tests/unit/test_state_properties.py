@@ -100,7 +100,7 @@ def random_markers(draw: st.DrawFn, max_size: int = 30) -> list[Marker]:
     return markers
 
 
-CONFIGS = st.builds(WatermarkConfig, st.integers(1, 40_000), st.integers(1, 30_000))
+CONFIGS = st.builds(WatermarkConfig, st.integers(1, 40_000), st.integers(1, 30_000), st.integers(1, 60_000))
 
 
 @st.composite
@@ -286,6 +286,36 @@ def test_inserting_snapshots_anywhere_changes_no_watermark(log: RandomLog, data:
     at = {s.position: s for s in snapped}
     for state in plain[1:]:
         assert state_to_dict(at[state.position]) == state_to_dict(state)
+
+
+# -- 5b. forgetting --------------------------------------------------------------------------------------
+
+
+@RELAXED
+@given(random_logs())
+def test_no_state_remembers_a_producer_out_for_longer_than_the_retention(log: RandomLog) -> None:
+    config = log.config
+    for state in fold(log.markers, WatermarkState.initial(config))[1:]:
+        if state.clock is None:
+            continue
+        holding = {producer for producer, _ in state.pending_txns}
+        for name, record in state.producers.items():
+            out_since = record.last_seen
+            if record.event_time is not None and not record.idle:
+                out_since += config.producer_timeout_ms
+            assert name in holding or state.clock - out_since <= config.producer_retention_ms, (name, record)
+
+
+@RELAXED
+@given(random_logs())
+def test_without_transactions_forgetting_changes_no_watermark(log: RandomLog) -> None:
+    """Only a transactional marker can revive a remembered assertion; W_SET replaces it and W_IDLE idles it."""
+    plain = [m for m in log.markers if m.txn is None]
+    remembering = replace(log.config, producer_retention_ms=10**15)
+    forgetting = fold(plain, WatermarkState.initial(log.config))
+    for state, expected in zip(forgetting, fold(plain, WatermarkState.initial(remembering)), strict=True):
+        assert state.watermark == expected.watermark
+        assert state.active_producers() == expected.active_producers()
 
 
 # -- 6. the decoder --------------------------------------------------------------------------------------
