@@ -1,6 +1,6 @@
 """`make bench`: every benchmark in one run against one real cluster; writes docs/BENCHMARKS.md.
 
-`python -m bench seek` (or any of client, generator, scale, spark, seek) runs only those, merging
+`python -m bench seek` (or any of client, generator, scale, spark, seek, burst) runs only those, merging
 their figures into docs/benchmarks.json.
 """
 
@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import client_throughput, generator, generator_scale, seek, spark
+from bench import burst, client_throughput, generator, generator_scale, seek, spark
 from bench.common import bench_cluster, say, write_results
 from devtools.local_cluster import PULSAR_VERSION
 from pulsar_access.settings import PulsarSettings
@@ -24,12 +24,18 @@ def _generator_scale(settings: PulsarSettings) -> Figures:
         return generator_scale.run(settings, Path(logs))
 
 
+def _burst(settings: PulsarSettings) -> Figures:
+    with tempfile.TemporaryDirectory(prefix="wm-bench-burst-") as logs:
+        return burst.run(settings, Path(logs))
+
+
 GROUPS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {
     "client": ("client throughput (issue 3)", client_throughput.run),
     "generator": ("generator (issue 4)", generator.run),
     "scale": ("generator at scale (issue 13)", _generator_scale),
     "spark": ("Spark (issues 5 and 14)", spark.run),
     "seek": ("seeks with consumers attached (issue 16)", seek.run),
+    "burst": ("many topics: markers due together, late acknowledgements (issue 27)", _burst),
 }
 
 

@@ -87,6 +87,11 @@ GOALS = {
     "watermark_latency_cadence_p99_ms": "<= 400",
     "generator_ownership_max_share_3_instances": "<= 0.45",
     "seek_to_recomputed_watermark_p50_ms": "<= 1000",
+    "generator_cpu_ms_per_wset_burst": "<= 0.5",
+    "broker_extra_cpu_ms_per_wset_burst": "<= 0.5",
+    "watermark_latency_burst_p50_ms": "<= 150",
+    "watermark_latency_burst_p99_ms": "<= 400",
+    "watermark_latency_slow_ack_1000_topics_p99_ms": "<= 2000",
 }
 
 
