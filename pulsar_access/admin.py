@@ -336,6 +336,23 @@ class PulsarAdmin:
     def trigger_compaction(self, topic: str) -> None:
         self._call("PUT", f"{TopicName.parse(topic).rest_path}/compaction")
 
+    def broker_metrics(self) -> bytes:
+        """The Prometheus text of the broker at the admin URL (`/metrics/`): every topic it serves, megabytes.
+
+        The generator reads each subscription's last mark-delete advance from it (broker_ext/ack_watch.py).
+        """
+        url = f"{self.settings.admin_url}/metrics/"
+        try:
+            response = self._http.get(url, timeout=self.timeout_s, headers={"Accept": "text/plain"})
+        except requests.RequestException as exc:
+            raise AdminError(f"the broker's metrics at {url} do not answer ({type(exc).__name__})") from exc
+        if response.status_code in (401, 403):
+            raise AdminError(f"the broker refused its metrics at {url} ({response.status_code}): it authenticates "
+                             "/metrics (authenticateMetricsEndpoint=true)", response.status_code)  # fmt: skip
+        if response.status_code >= 400:
+            raise AdminError(f"the broker's metrics at {url} failed with {response.status_code}", response.status_code)
+        return response.content
+
 
 BRIEF_STATS = {"excludePublishers": "true", "excludeConsumers": "true", "subscriptionBacklogSize": "false"}
 """Stats without the lists of producers and consumers: what the generator's change detector reads."""

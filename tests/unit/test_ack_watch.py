@@ -1,0 +1,112 @@
+"""The ack watch's pure parts: reading mark-delete times from a broker's metrics, and when to scrape and read."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_ext.ack_watch import MAX_IDLE_BACKOFF, AckWatch, mark_delete_times
+
+pytestmark = pytest.mark.unit
+
+T0 = "persistent://public/default/t0"
+T1 = "persistent://public/default/t1-partition-3"
+
+
+def _line(topic: str, subscription: str, value: str, metric: str = "last_mark_delete_advanced_timestamp") -> str:
+    return (f'pulsar_subscription_{metric}{{cluster="standalone",namespace="public/default",topic="{topic}",'
+            f'subscription="{subscription}"}} {value}\n')  # fmt: skip
+
+
+METRICS = (
+    "# TYPE pulsar_subscription_last_mark_delete_advanced_timestamp gauge\n"
+    + _line(T0, "app", "1795632153728")
+    + _line(T0, "__wm_generator", "1795632150000")
+    + _line(T1, "app", "1.795632153729E12")
+    + _line("persistent://other/ns/x", "app", "5")
+    + _line(T0, "weird", "NaN")
+    + "# TYPE pulsar_subscription_back_log gauge\n"
+    + _line(T0, "app", "7", metric="back_log")
+    + _line(T0, "app2", "8", metric="last_mark_delete_advanced_timestamp_other")
+).encode()
+
+
+def test_mark_delete_times_are_read_for_the_wanted_topics_only() -> None:
+    times = mark_delete_times(METRICS, {T0, T1}.__contains__)
+    assert times == {
+        T0: {"app": 1795632153728, "__wm_generator": 1795632150000},
+        T1: {"app": 1795632153729},
+    }  # the other namespace's topic, the NaN and the other metrics are left out
+
+
+def test_a_sample_with_a_timestamp_and_a_last_line_without_newline_are_read() -> None:
+    body = (b"# x\n" + _line(T0, "app", "12 1700000000000").encode()).rstrip(b"\n")
+    assert mark_delete_times(body, lambda topic: True) == {T0: {"app": 12}}
+
+
+def test_nothing_is_scraped_while_nothing_is_watched() -> None:
+    watch = AckWatch(interval_s=1.0)
+    assert watch.next_scrape(100.0) is None
+    watch.watch(T0)
+    assert watch.next_scrape(100.0) == 100.0  # the first one at once
+    watch.unwatch(T0)
+    assert watch.next_scrape(100.0) is None
+
+
+def test_only_watched_partitions_whose_subscriptions_moved_are_read() -> None:
+    watch = AckWatch(interval_s=1.0)
+    watch.watch(T0)
+    watch.watch(T1)
+    # never seen before: read both (their acknowledgement may have come before the first scrape)
+    assert watch.scraped(100.0, {T0: {"app": 1}, T1: {"app": 5}}) == [T0, T1]
+    assert watch.next_scrape(100.2) == 101.0
+    assert watch.scraped(101.0, {T0: {"app": 1}, T1: {"app": 5}}) == []  # nothing moved: no internal stats read
+    assert watch.scraped(102.0, {T0: {"app": 2}, T1: {"app": 5}}) == [T0]
+    assert watch.scraped(103.0, {T0: {"app": 2}, T1: {"app": 5, "new": 1}}) == [T1]  # a new subscription
+    watch.unwatch(T0)
+    assert watch.scraped(104.0, {T0: {"app": 3}, T1: {"app": 5, "new": 1}}) == []  # T0 no longer waits
+
+
+def test_a_partition_watched_later_is_compared_with_the_last_scrape_that_showed_it() -> None:
+    watch = AckWatch(interval_s=1.0)
+    watch.watch(T1)
+    watch.scraped(100.0, {T0: {"app": 1}, T1: {"app": 1}})
+    watch.watch(T0)
+    assert watch.scraped(101.0, {T0: {"app": 1}, T1: {"app": 1}}) == []
+    assert watch.scraped(102.0, {T0: {"app": 4}, T1: {"app": 1}}) == [T0]
+
+
+def test_scrapes_that_show_no_watched_topic_slow_down_and_recover() -> None:
+    watch = AckWatch(interval_s=1.0)
+    watch.watch(T0)  # served by another broker: never in this broker's metrics
+    now = 100.0
+    gaps = []
+    for _ in range(8):
+        watch.scraped(now, {T1: {"app": 1}})
+        due = watch.next_scrape(now)
+        assert due is not None
+        gaps.append(due - now)
+        now = due
+    assert gaps == [2.0, 4.0, 8.0, 16.0, 32.0, 32.0, 32.0, 32.0]
+    assert max(gaps) == MAX_IDLE_BACKOFF
+    watch.scraped(now, {T0: {"app": 1}})
+    assert watch.next_scrape(now) == now + 1.0
+
+
+def test_a_failed_scrape_is_retried_more_slowly() -> None:
+    watch = AckWatch(interval_s=1.0)
+    watch.watch(T0)
+    watch.failed(100.0)
+    assert watch.next_scrape(100.0) == 102.0
+    for _ in range(20):
+        watch.failed(100.0)
+    assert watch.next_scrape(100.0) == 100.0 + MAX_IDLE_BACKOFF
+
+
+def test_a_forgotten_partition_is_read_again_when_it_comes_back() -> None:
+    watch = AckWatch(interval_s=1.0)
+    watch.watch(T0)
+    watch.scraped(100.0, {T0: {"app": 1}})
+    watch.forget(T0)
+    assert watch.next_scrape(101.0) is None
+    watch.watch(T0)  # a topic deleted and created again: nothing of the old one holds
+    assert watch.scraped(101.0, {T0: {"app": 1}}) == [T0]
