@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import pulsar
 
-from bench.common import say
+from bench.common import metric_samples, say
 from bench.generator import Generator, _new_namespace
 from bench.generator_scale import _Latencies
 from consumer.watermark_feed import WatermarkFeed
@@ -103,6 +103,15 @@ class _Topics:
             producer.close(idle=False)
 
 
+CALLS = ("internalStats", "stats", "metrics", "partitioned-stats-summed", "partitioned-stats",
+         "partitioned-internalStats")
+
+
+def _calls(gen: Generator) -> dict[str, float]:
+    """The generator's admin calls so far, by kind."""
+    return {call: sum(metric_samples(gen.metrics_port, "wm_admin_calls_total", call=call)) for call in CALLS}
+
+
 def _quantiles(record: _Latencies, after_ms: int) -> tuple[float, float, int]:
     """p50, p99 and samples of the time from each acknowledged W_SET to a watermark at least as high at the feed.
 
@@ -166,13 +175,13 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
         gen = Generator(settings, namespace, log_dir)
         gen.wait_published(topics, within_s=300)
         time.sleep(BURST_WARMUP_S)
-        cpu, gen_cpu, wsets = process_cpu_seconds(broker), gen.cpu_seconds(), sent[0]
+        cpu, gen_cpu, wsets, calls_before = process_cpu_seconds(broker), gen.cpu_seconds(), sent[0], _calls(gen)
         measured_from = time.perf_counter()
         time.sleep(BURST_MEASURE_S)
         with_gen = (process_cpu_seconds(broker) - cpu) / BURST_MEASURE_S
         gen_share = (gen.cpu_seconds() - gen_cpu) / BURST_MEASURE_S
         wsets_with = sent[0] - wsets
-        calls = gen.admin_calls()
+        calls = {call: count - calls_before[call] for call, count in _calls(gen).items() if count > calls_before[call]}
         stop.set()
         ticker.join()
         time.sleep(2)
@@ -182,7 +191,8 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
             gen.kill()
         acking.close()
     rate = wsets_with / BURST_MEASURE_S
-    say(f"  with it: broker {with_gen:.3f}, generator {gen_share:.3f} of a core over {wsets_with} W_SETs")
+    say(f"  with it: broker {with_gen:.3f}, generator {gen_share:.3f} of a core over {wsets_with} W_SETs; admin calls "
+        f"meanwhile {calls}")
     with record.lock:  # only the W_SETs acknowledged while measuring
         record.acked = {key: at for key, at in record.acked.items()
                         if measured_from <= at <= measured_from + BURST_MEASURE_S}  # fmt: skip
@@ -194,7 +204,8 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
         "watermark_latency_burst_p99_ms": round(p99, 1),
         "broker_cpu_burst_without_generator": round(without, 4),
         "broker_cpu_burst_with_generator": round(with_gen, 4),
-        "generator_admin_calls_burst_total": round(calls),
+        "generator_admin_calls_per_wset_burst": round(sum(calls.values()) / wsets_with, 3),
+        "generator_admin_calls_per_wset_burst_how": f"the same run, while measuring: {calls}",
         "generator_cpu_ms_per_wset_burst_how": f"{topics} non-partitioned topics, one subscription each acknowledging "
         f"every message at once; one W_SET per topic sent together at the start of each second; generator process "
         f"CPU over {BURST_MEASURE_S:.0f} s (after {BURST_WARMUP_S:.0f} s of warm-up past its take-over) over the "
@@ -260,6 +271,7 @@ class _LateAcks:
 def slow_ack(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, log_dir: Path,
              topics: int = SLOW_TOPICS) -> dict[str, float | int | str]:  # fmt: skip
     """From a late acknowledgement to the watermark, one W_SET per topic per 10 s, many topics, one generator."""
+    broker = broker_pid(settings)
     namespace = _new_namespace(admin)
     record = _Latencies()
     late = _LateAcks(record, SLOW_ACK_DELAY_S)
@@ -270,6 +282,8 @@ def slow_ack(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin
     stop = threading.Event()
     try:
         takeover = gen.wait_published(topics, within_s=600)
+        calls_before, gen_cpu, broker_cpu, started = _calls(gen), gen.cpu_seconds(), process_cpu_seconds(broker), \
+            time.perf_counter()
         say(f"  {topics} topics taken over in {takeover:.0f} s; one W_SET per topic per {SLOW_PERIOD_S:.0f} s, "
             f"each acknowledged {SLOW_ACK_DELAY_S:.0f} s after it arrives, for {SLOW_MEASURE_S:.0f} s")  # fmt: skip
 
@@ -292,7 +306,10 @@ def slow_ack(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin
         time.sleep(SLOW_MEASURE_S + SLOW_ACK_DELAY_S + 5)
         stop.set()
         ticker.join()
-        calls = gen.admin_calls()
+        calls = {call: count - calls_before[call] for call, count in _calls(gen).items() if count > calls_before[call]}
+        elapsed = time.perf_counter() - started
+        gen_share = (gen.cpu_seconds() - gen_cpu) / elapsed
+        broker_share = (process_cpu_seconds(broker) - broker_cpu) / elapsed
     finally:
         stop.set()
         gen.kill()
@@ -302,7 +319,11 @@ def slow_ack(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin
     return {
         "watermark_latency_slow_ack_1000_topics_p50_ms": round(p50, 1),
         "watermark_latency_slow_ack_1000_topics_p99_ms": round(p99, 1),
-        "generator_admin_calls_slow_ack_total": round(calls),
+        "generator_admin_calls_slow_ack": str(calls),
+        "generator_cpu_slow_ack_1000_topics": round(gen_share, 4),
+        "broker_cpu_slow_ack_1000_topics": round(broker_share, 4),
+        "generator_cpu_slow_ack_1000_topics_how": "the slow-ack run: generator and broker CPU (shares of a core) from "
+        "the take-over's end to the run's end; the admin calls in generator_admin_calls_slow_ack",
         "watermark_latency_slow_ack_1000_topics_p99_ms_how": f"{topics} non-partitioned topics, one generator; one "
         f"W_SET per topic per {SLOW_PERIOD_S:.0f} s (at a random time of each period), each subscription "
         f"acknowledging it {SLOW_ACK_DELAY_S:.0f} s after receiving it; from that acknowledge() to the value at "

@@ -1,10 +1,17 @@
-"""The ack watch's pure parts: reading mark-delete times from a broker's metrics, and when to scrape and read."""
+"""The ack watch: reading mark-delete times from a broker's metrics, when to scrape, which cursors to read, and
+when the fast poll hands a waiting marker over to it."""
 
 from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from broker_ext.ack_watch import MAX_IDLE_BACKOFF, AckWatch, mark_delete_times
+from broker_ext.loop import EventLoop
+from broker_ext.polling import CursorPoller, PollState
 
 pytestmark = pytest.mark.unit
 
@@ -110,3 +117,53 @@ def test_a_forgotten_partition_is_read_again_when_it_comes_back() -> None:
     assert watch.next_scrape(101.0) is None
     watch.watch(T0)  # a topic deleted and created again: nothing of the old one holds
     assert watch.scraped(101.0, {T0: {"app": 1}}) == [T0]
+
+
+def _poller(ack_watch_interval_s: float) -> CursorPoller:
+    """A poller on a loop that is never started: its timers are only recorded, nothing is called."""
+    return CursorPoller(EventLoop("test-loop"), cast(Any, None), cast(Any, None), poll_interval_s=0.05,
+                        idle_poll_interval_s=1.0, stats_rate=10.0, first_poll_s=0.12,
+                        ack_watch_interval_s=ack_watch_interval_s)  # fmt: skip
+
+
+def _partition(topic: str = T0) -> Any:
+    return SimpleNamespace(topic=topic, base_topic=topic, partition=-1, consumer_name="c", poll=PollState(),
+                           closed=False, owner=True, wants_cursors=True)  # fmt: skip
+
+
+def _fast_polls_until_handed_over(poller: CursorPoller, partition: Any) -> list[float]:
+    intervals = [partition.poll.fast_interval]
+    while partition.poll.fast_interval:
+        poller._after_poll(partition, moved=False)
+        intervals.append(partition.poll.fast_interval)
+    return [round(i, 3) for i in intervals[:-1]]
+
+
+def test_the_first_read_after_a_marker_waits_for_the_acknowledgement_grouping() -> None:
+    poller, partition = _poller(1.0), _partition()
+    before = time.time()
+    poller.after(partition, marker_read=True)
+    scheduled = poller.loop.scheduled((T0, "poll"))
+    assert scheduled is not None and before + 0.12 <= scheduled <= time.time() + 0.12
+
+
+def test_a_marker_still_waiting_goes_from_the_fast_poll_to_the_ack_watch_within_a_fraction_of_a_second() -> None:
+    poller, partition = _poller(1.0), _partition()
+    poller.after(partition, marker_read=True)
+    assert _fast_polls_until_handed_over(poller, partition) == [0.12, 0.18]  # two reads, then the metrics
+    assert partition.poll.handed_over and poller.watch is not None and T0 in poller.watch.watched
+    assert poller.loop.scheduled("ack-watch") is not None
+    partition.wants_cursors = False  # acknowledged past every marker: nothing to watch for
+    poller.after(partition, marker_read=False)
+    assert T0 not in poller.watch.watched
+
+
+def test_without_the_ack_watch_or_where_the_metrics_do_not_show_the_topic_the_sweep_takes_over_after_a_second() -> None:
+    for poller in (_poller(0.0), _poller(1.0)):
+        if poller.watch is not None:
+            poller.watch.scraped(time.time(), {T1: {"app": 1}})  # the broker's metrics show another topic only
+        partition = _partition()
+        poller.after(partition, marker_read=True)
+        assert _fast_polls_until_handed_over(poller, partition) == [0.12, 0.18, 0.27, 0.405, 0.608, 0.911]
+        assert partition.poll.handed_over
+        assert poller.watch is None or not poller.watch.watched
