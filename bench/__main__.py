@@ -6,6 +6,7 @@ their figures into docs/benchmarks.json.
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from collections.abc import Callable
@@ -26,7 +27,7 @@ def _generator_scale(settings: PulsarSettings) -> Figures:
 
 def _burst(settings: PulsarSettings) -> Figures:
     with tempfile.TemporaryDirectory(prefix="wm-bench-burst-") as logs:
-        return burst.run(settings, Path(logs))
+        return burst.run(settings, Path(os.environ.get("WM_BENCH_LOGS") or logs))
 
 
 GROUPS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {

@@ -112,18 +112,18 @@ def _calls(gen: Generator) -> dict[str, float]:
     return {call: sum(metric_samples(gen.metrics_port, "wm_admin_calls_total", call=call)) for call in CALLS}
 
 
-def _quantiles(record: _Latencies, after_ms: int) -> tuple[float, float, int]:
+def _quantiles(record: _Latencies, after_ms: int, until: float, settle_s: float = 2.0) -> tuple[float, float, int]:
     """p50, p99 and samples of the time from each acknowledged W_SET to a watermark at least as high at the feed.
 
     A W_SET whose value the feed never showed because a higher one came first counts until that higher one; one
-    that no watermark as high followed by the end of the run counts until now (a lower bound).
+    that no watermark as high followed by `until` (the run's end) counts until then (a lower bound). Only W_SETs
+    acknowledged `settle_s` before the end count.
     """
-    now = time.perf_counter()
     with record.lock:
         seen: dict[int, list[tuple[int, float]]] = {}
         for (topic, event_time), at in record.seen.items():
             seen.setdefault(topic, []).append((event_time, at))
-        acked = [(key, at) for key, at in record.acked.items() if key[1] > after_ms]
+        acked = [(key, at) for key, at in record.acked.items() if key[1] > after_ms and at <= until - settle_s]
     for values in seen.values():
         values.sort()
     latencies, missing = [], 0
@@ -132,11 +132,11 @@ def _quantiles(record: _Latencies, after_ms: int) -> tuple[float, float, int]:
         i = bisect.bisect_left(values, (event_time, -math.inf))
         if i == len(values):
             missing += 1
-            latencies.append((now - at) * 1000)
+            latencies.append((until - at) * 1000)
         else:
             latencies.append((values[i][1] - at) * 1000)
     if missing:
-        say(f"  {missing} acknowledged W_SETs: no watermark as high reached the feed by the end (counted until now)")
+        say(f"  {missing} acknowledged W_SETs: no watermark as high reached the feed by the run's end (counted so)")
     q = statistics.quantiles(latencies, n=100)
     return q[49], q[98], len(latencies)
 
@@ -185,6 +185,8 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
         stop.set()
         ticker.join()
         time.sleep(2)
+        gen.kill()
+        per_call = {kind: _broker_ms_per_call(admin, broker, acking.names, kind) for kind in ("internalStats", "stats")}
     finally:
         stop.set()
         if gen is not None:
@@ -196,7 +198,7 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
     with record.lock:  # only the W_SETs acknowledged while measuring
         record.acked = {key: at for key, at in record.acked.items()
                         if measured_from <= at <= measured_from + BURST_MEASURE_S}  # fmt: skip
-    p50, p99, samples = _quantiles(record, 0)
+    p50, p99, samples = _quantiles(record, 0, measured_from + BURST_MEASURE_S + 2)
     return {
         "generator_cpu_ms_per_wset_burst": round(gen_share * 1000 / rate, 3),
         "broker_extra_cpu_ms_per_wset_burst": round((with_gen - without) * 1000 / rate, 3),
@@ -205,6 +207,11 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
         "broker_cpu_burst_without_generator": round(without, 4),
         "broker_cpu_burst_with_generator": round(with_gen, 4),
         "generator_admin_calls_per_wset_burst": round(sum(calls.values()) / wsets_with, 3),
+        "broker_cpu_ms_per_internal_stats_call": round(per_call["internalStats"], 3),
+        "broker_cpu_ms_per_stats_call": round(per_call["stats"], 3),
+        "broker_cpu_ms_per_internal_stats_call_how": "after the burst run, generator and W_SETs stopped: "
+        "the broker's CPU over 600 calls (internalStats, resp. stats without producers and consumers) made one at a "
+        "time on the generator's keep-alive connection, minus the same time without calls, per call",
         "generator_admin_calls_per_wset_burst_how": f"the same run, while measuring: {calls}",
         "generator_cpu_ms_per_wset_burst_how": f"{topics} non-partitioned topics, one subscription each acknowledging "
         f"every message at once; one W_SET per topic sent together at the start of each second; generator process "
@@ -216,6 +223,19 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
         "watermark_latency_burst_p50_ms_how": f"the same run: from each consumer's acknowledge() of a W_SET to that "
         f"value at its WatermarkFeed, W_SETs acknowledged while measuring; {samples} samples",
     }
+
+
+def _broker_ms_per_call(admin: PulsarAdmin, broker: int, topics: list[str], kind: str, calls: int = 600) -> float:
+    """The broker's CPU per admin call of `kind` on these topics, net of what it does meanwhile anyway."""
+    call = admin.fast_internal_stats if kind == "internalStats" else admin.brief_stats
+    cpu, started = process_cpu_seconds(broker), time.perf_counter()
+    for i in range(calls):
+        call(topics[i % len(topics)])
+    busy, elapsed = process_cpu_seconds(broker) - cpu, time.perf_counter() - started
+    cpu = process_cpu_seconds(broker)
+    time.sleep(elapsed)
+    idle = process_cpu_seconds(broker) - cpu
+    return (busy - idle) * 1000 / calls
 
 
 def _acknowledging_listener(on_ack: Callable[[pulsar.Message], None]
@@ -307,7 +327,8 @@ def slow_ack(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin
         stop.set()
         ticker.join()
         calls = {call: count - calls_before[call] for call, count in _calls(gen).items() if count > calls_before[call]}
-        elapsed = time.perf_counter() - started
+        ended = time.perf_counter()
+        elapsed = ended - started
         gen_share = (gen.cpu_seconds() - gen_cpu) / elapsed
         broker_share = (process_cpu_seconds(broker) - broker_cpu) / elapsed
     finally:
@@ -315,7 +336,7 @@ def slow_ack(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin
         gen.kill()
         late.close()
         slow.close()
-    p50, p99, samples = _quantiles(record, 1_000)
+    p50, p99, samples = _quantiles(record, 1_000, ended, settle_s=5.0)
     return {
         "watermark_latency_slow_ack_1000_topics_p50_ms": round(p50, 1),
         "watermark_latency_slow_ack_1000_topics_p99_ms": round(p99, 1),

@@ -3,10 +3,15 @@
 The engines need every subscription's mark-delete position (internal stats); reading them for
 every partition all the time is what made the generator's cost grow with partitions. So:
 
-- **Fast polls** follow markers. A marker read, or a cursor that moved, arms a partition's fast
-  poll: its internal stats every `poll_interval_s`, backing off by 1.5x while nothing moves, until
-  no marker waits for a subscription (`engine.wants_cursors`) or the interval reaches
-  `idle_poll_interval_s`; then the sweep takes over.
+- **Fast polls** follow markers. A marker read arms a partition's fast poll: its internal stats
+  `first_poll_s` later (an acknowledgement shows at the broker after the client's acknowledgement
+  grouping, 100 ms by default), or `poll_interval_s` after a cursor moved, backing off by 1.5x
+  while nothing moves, until no marker waits for a subscription (`engine.wants_cursors`) or the
+  interval passes `WATCH_AFTER_S` where the ack watch sees the topic, `idle_poll_interval_s`
+  elsewhere; then the ack watch, or the sweep, takes over.
+- **The ack watch** (broker_ext/ack_watch.py) serves markers that wait for a late acknowledgement:
+  while any does, the broker's `/metrics` once every `--ack-watch-interval-s` shows which
+  subscriptions' mark-delete positions advanced; only those partitions get an internal-stats read.
 - **The sweep** is a cheap change detector over the topics this instance owns, one admin call per
   topic (one per partitioned topic: `partitioned-stats`), round-robin, at most `stats_rate` calls a
   second and each topic at most every `idle_poll_interval_s`. Per partition it reads the durable
@@ -40,7 +45,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -176,6 +181,8 @@ class CursorPoller:
         self._count = count
         self.sweeper = Sweeper(self, idle_poll_interval_s=idle_poll_interval_s, stats_rate=stats_rate)
         self.watch = AckWatch(ack_watch_interval_s) if ack_watch_interval_s > 0 else None
+        self._scraper = ThreadPoolExecutor(1, thread_name_prefix="wm-ack-watch") if self.watch is not None else None
+        """Scrapes on a thread of their own: behind a queue of cursor reads they would come late."""
         self._followed: dict[str, Followed] = {}
         self._scraping = False
         self._watch_failure_logged = False
@@ -209,13 +216,15 @@ class CursorPoller:
     def _after_poll(self, partition: Followed, moved: bool) -> None:
         """After a poll: poll fast again while a marker waits, backing off while nothing moves."""
         state = partition.poll
+        watched = self.watch is not None and (self.watch.last_scrape is None or partition.topic in self.watch.seen)
         if not partition.wants_cursors:
             self._stop_fast(partition)
+        elif moved and state.handed_over and watched:
+            self._watch(partition)  # a late acknowledgement; the markers still waiting had their fast polls
         elif moved or (not state.fast_interval and not state.handed_over):
             self._arm(partition, self.poll_interval_s)
         elif state.fast_interval:
             interval = state.fast_interval * BACKOFF
-            watched = self.watch is not None and (self.watch.last_scrape is None or partition.topic in self.watch.seen)
             if interval <= (WATCH_AFTER_S if watched else self.idle_poll_interval_s):
                 self._arm(partition, interval)
             else:
@@ -265,7 +274,12 @@ class CursorPoller:
                 return
             self.loop.post(lambda: self._scraped(started, times))
 
-        self.pool.submit(work)
+        assert self._scraper is not None
+        self._scraper.submit(work)
+
+    def close(self) -> None:
+        if self._scraper is not None:
+            self._scraper.shutdown(wait=False, cancel_futures=True)
 
     def _scraped(self, started: float, times: dict[str, dict[str, int]]) -> None:
         assert self.watch is not None

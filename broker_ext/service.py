@@ -208,6 +208,7 @@ class GeneratorService:
             self.loop.post(close_partitions)
             closed.wait(10)
         self.poller.sweeper.stop()
+        self.poller.close()
         self.loop.stop()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.admin_pool.shutdown(wait=False, cancel_futures=True)

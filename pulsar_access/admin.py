@@ -343,7 +343,9 @@ class PulsarAdmin:
         """
         url = f"{self.settings.admin_url}/metrics/"
         try:
-            response = self._http.get(url, timeout=self.timeout_s, headers={"Accept": "text/plain"})
+            # uncompressed: compressing megabytes for each call doubled the broker's CPU (docs/DECISIONS.md, issue 27)
+            response = self._http.get(url, timeout=self.timeout_s,
+                                      headers={"Accept": "text/plain", "Accept-Encoding": "identity"})  # fmt: skip
         except requests.RequestException as exc:
             raise AdminError(f"the broker's metrics at {url} do not answer ({type(exc).__name__})") from exc
         if response.status_code in (401, 403):

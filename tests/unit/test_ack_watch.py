@@ -167,3 +167,17 @@ def test_without_the_ack_watch_or_where_the_metrics_do_not_show_the_topic_the_sw
         assert _fast_polls_until_handed_over(poller, partition) == [0.12, 0.18, 0.27, 0.405, 0.608, 0.911]
         assert partition.poll.handed_over
         assert poller.watch is None or not poller.watch.watched
+
+
+def test_a_late_acknowledgement_with_markers_still_waiting_stays_with_the_watch_a_prompt_one_polls_fast() -> None:
+    poller, partition = _poller(1.0), _partition()
+    poller.after(partition, marker_read=True)
+    poller._after_poll(partition, moved=True)  # within the fast window: the next acknowledgement is likely near
+    assert partition.poll.fast_interval == 0.05
+    _fast_polls_until_handed_over(poller, partition)
+    assert partition.poll.handed_over
+    poller._after_poll(partition, moved=True)  # the watch saw a late acknowledgement; an older marker still waits
+    assert partition.poll.fast_interval == 0.0 and partition.poll.handed_over
+    assert poller.watch is not None and T0 in poller.watch.watched
+    poller.after(partition, marker_read=True)  # a new marker: its own fast poll
+    assert partition.poll.fast_interval == 0.12
