@@ -12,6 +12,8 @@ every partition all the time is what made the generator's cost grow with partiti
 - **The ack watch** (broker_ext/ack_watch.py) serves markers that wait for a late acknowledgement:
   while any does, the broker's `/metrics` once every `--ack-watch-interval-s` shows which
   subscriptions' mark-delete positions advanced; only those partitions get an internal-stats read.
+  A partition whose last move came more than `LATE_S` after a marker read is *late*: its new markers
+  go to the watch at once, without reads that would find nothing, but for one in `PROBE_EVERY`.
 - **The sweep** is a cheap change detector over the topics this instance owns, one admin call per
   topic (one per partitioned topic: `partitioned-stats`), round-robin, at most `stats_rate` calls a
   second and each topic at most every `idle_poll_interval_s`. Per partition it reads the durable
@@ -60,6 +62,10 @@ log = logging.getLogger(__name__)
 BACKOFF = 1.5
 WATCH_AFTER_S = 0.25
 """Where the broker's metrics show the topic, its fast poll hands over to the ack watch beyond this interval."""
+LATE_S = 0.5
+"""A partition whose cursors were last found moved this long after a marker read acknowledges late."""
+PROBE_EVERY = 4
+"""On a partition that acknowledges late, one marker in this many still gets fast polls: it may be prompt again."""
 FULL_SWEEP_PERIODS = 10
 """A partitioned topic's partitions are read one by one at least every this many sweeps of it."""
 RETRY_MAX_S = 10.0
@@ -157,6 +163,12 @@ class PollState:
     """A marker still waits, but the fast poll backed off to the sweep; a marker read or a move re-arms it."""
     positions: Mapping[str, tuple[int, int]] | None = None
     retry_s: float = 0.0
+    marker_read_at: float = 0.0
+    """When the latest marker was read (time.time())."""
+    late: bool = False
+    """The last move was found more than `LATE_S` after the latest marker read: the subscriptions acknowledge late."""
+    unprobed: int = 0
+    """Markers read since the last one that got fast polls (a late partition gets them for one in `PROBE_EVERY`)."""
 
 
 class CursorPoller:
@@ -208,15 +220,28 @@ class CursorPoller:
     def after(self, partition: Followed, marker_read: bool) -> None:
         """After an event other than a poll: a marker read (re)arms the fast poll; it stops once nothing waits."""
         state = partition.poll
+        if marker_read:
+            state.marker_read_at = time.time()
         if not partition.wants_cursors:
             self._stop_fast(partition)
+        elif marker_read and state.late and self._watchable(partition) and state.unprobed < PROBE_EVERY - 1:
+            state.unprobed += 1  # its subscriptions acknowledge late: reads would find nothing, the watch will tell
+            state.handed_over = True
+            self._watch(partition)
         elif marker_read or (not state.fast_interval and not state.handed_over):
+            state.unprobed = 0
             self._arm(partition, self.first_poll_s)
+
+    def _watchable(self, partition: Followed) -> bool:
+        """Whether the ack watch can serve the partition: it runs, and the broker's metrics showed the topic."""
+        return self.watch is not None and (self.watch.last_scrape is None or partition.topic in self.watch.seen)
 
     def _after_poll(self, partition: Followed, moved: bool) -> None:
         """After a poll: poll fast again while a marker waits, backing off while nothing moves."""
         state = partition.poll
-        watched = self.watch is not None and (self.watch.last_scrape is None or partition.topic in self.watch.seen)
+        watched = self._watchable(partition)
+        if moved and state.marker_read_at:
+            state.late = time.time() - state.marker_read_at > LATE_S
         if not partition.wants_cursors:
             self._stop_fast(partition)
         elif moved and state.handed_over and watched:

@@ -181,3 +181,32 @@ def test_a_late_acknowledgement_with_markers_still_waiting_stays_with_the_watch_
     assert poller.watch is not None and T0 in poller.watch.watched
     poller.after(partition, marker_read=True)  # a new marker: its own fast poll
     assert partition.poll.fast_interval == 0.12
+
+
+def test_a_partition_that_acknowledges_late_gets_no_fast_polls_but_one_marker_in_four_probes() -> None:
+    poller, partition = _poller(1.0), _partition()
+    poller.after(partition, marker_read=True)
+    _fast_polls_until_handed_over(poller, partition)  # two reads find nothing
+    partition.poll.marker_read_at -= 10.0  # ... and the watch finds the move ten seconds after the marker
+    poller._after_poll(partition, moved=True)
+    assert partition.poll.late
+    fast = []
+    for _ in range(8):
+        poller.after(partition, marker_read=True)
+        fast.append(partition.poll.fast_interval > 0)
+        partition.poll.fast_interval = 0.0  # (the probe's reads find nothing)
+        partition.poll.handed_over = True
+    assert fast == [False, False, False, True] * 2
+    assert poller.watch is not None and T0 in poller.watch.watched
+    poller.after(partition, marker_read=True)
+    poller._after_poll(partition, moved=True)  # found at once: prompt again
+    assert not partition.poll.late
+    poller.after(partition, marker_read=True)
+    assert partition.poll.fast_interval == 0.12
+
+
+def test_without_the_watch_a_late_partition_keeps_its_fast_polls() -> None:
+    poller, partition = _poller(0.0), _partition()
+    partition.poll.late = True
+    poller.after(partition, marker_read=True)
+    assert partition.poll.fast_interval == 0.12
