@@ -1,6 +1,7 @@
 """`make bench`: every benchmark in one run against one real cluster; writes docs/BENCHMARKS.md.
 
 `python -m bench seek` (or any of client, generator, scale, spark, seek, sink) runs only those, merging
+`python -m bench seek` (or any of client, generator, scale, spark, seek, burst) runs only those, merging
 their figures into docs/benchmarks.json.
 `python -m bench seek` (or any of client, generator, scale, spark, seek, bounds, snapshot) runs only
 those, merging their figures into docs/benchmarks.json. `python -m bench snapshot` needs no broker.
@@ -8,6 +9,7 @@ those, merging their figures into docs/benchmarks.json. `python -m bench snapsho
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from collections.abc import Callable
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from bench import client_throughput, generator, generator_scale, multi_broker, seek, spark
 from bench import client_throughput, generator, generator_bounds, generator_scale, seek, spark
+from bench import burst, client_throughput, generator, generator_scale, seek, spark
 from bench.common import bench_cluster, say, write_results
 from devtools.local_cluster import PULSAR_VERSION
 from pulsar_access.settings import PulsarSettings
@@ -29,6 +32,9 @@ def _generator_scale(settings: PulsarSettings) -> Figures:
 
 def _snapshot(_settings: PulsarSettings) -> Figures:
     return generator_bounds.snapshot_figures()
+def _burst(settings: PulsarSettings) -> Figures:
+    with tempfile.TemporaryDirectory(prefix="wm-bench-burst-") as logs:
+        return burst.run(settings, Path(os.environ.get("WM_BENCH_LOGS") or logs))
 
 
 GROUPS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {
@@ -39,6 +45,7 @@ GROUPS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {
     "seek": ("seeks with consumers attached (issue 16)", seek.run),
     "multi": ("a three-broker cluster (issue 24)", multi_broker.run),
     "sink": ("the Spark sink, exactly once (issue 28)", spark.run_sink),
+    "burst": ("many topics: markers due together, late acknowledgements (issue 27)", _burst),
 }
 OWN_CLUSTER = {"multi"}
 """Groups that start a cluster of their own."""

@@ -35,7 +35,9 @@ class GeneratorConfig:
     snapshot_interval_messages: int = 1_000
     snapshot_interval_s: float = 10.0
     poll_interval_s: float = 0.05
+    first_poll_s: float = 0.12
     idle_poll_interval_s: float = 1.0
+    ack_watch_interval_s: float = 1.0
     stats_rate: float = 10.0
     discovery_interval_s: float = 2.0
     metrics_port: int = 9108
@@ -102,6 +104,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--poll-interval-s", type=float, default=float(_env("WM_POLL_INTERVAL_S", str(d.poll_interval_s))),
         help="how often to read subscription positions just after a marker was read, backing off while "
         "nothing moves (env WM_POLL_INTERVAL_S; default 0.05)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--first-poll-s", type=float, default=float(_env("WM_FIRST_POLL_S", str(d.first_poll_s))),
+        help="how long after a marker is read to first read the subscription positions: an acknowledgement shows "
+        "at the broker after the client's acknowledgement grouping, 100 ms by default (env WM_FIRST_POLL_S; "
+        "default 0.12)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ack-watch-interval-s", type=float,
+        default=float(_env("WM_ACK_WATCH_INTERVAL_S", str(d.ack_watch_interval_s))),
+        help="while a marker waits for a late acknowledgement, read the broker's /metrics this often to see which "
+        "subscriptions moved, one call for all its topics; 0 leaves late acknowledgements to the sweep "
+        "(env WM_ACK_WATCH_INTERVAL_S; default 1)",
     )  # fmt: skip
     parser.add_argument(
         "--idle-poll-interval-s", type=float,
@@ -179,6 +194,9 @@ def from_arguments(args: argparse.Namespace) -> GeneratorConfig:
                         (args.stats_rate, "--stats-rate")):  # fmt: skip
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
+    for value, name in ((args.first_poll_s, "--first-poll-s"), (args.ack_watch_interval_s, "--ack-watch-interval-s")):
+        if value < 0:
+            raise ValueError(f"{name} must not be negative, got {value}")
     keys, key_source = snapshot_keys(args.snapshot_key_file)
     return GeneratorConfig(
         namespaces=namespaces,
@@ -189,6 +207,8 @@ def from_arguments(args: argparse.Namespace) -> GeneratorConfig:
         snapshot_interval_messages=args.snapshot_interval_messages,
         snapshot_interval_s=args.snapshot_interval_s,
         poll_interval_s=args.poll_interval_s,
+        first_poll_s=args.first_poll_s,
+        ack_watch_interval_s=args.ack_watch_interval_s,
         idle_poll_interval_s=args.idle_poll_interval_s,
         stats_rate=args.stats_rate,
         metrics_port=args.metrics_port,

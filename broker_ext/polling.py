@@ -3,10 +3,17 @@
 The engines need every subscription's mark-delete position (internal stats); reading them for
 every partition all the time is what made the generator's cost grow with partitions. So:
 
-- **Fast polls** follow markers. A marker read, or a cursor that moved, arms a partition's fast
-  poll: its internal stats every `poll_interval_s`, backing off by 1.5x while nothing moves, until
-  no marker waits for a subscription (`engine.wants_cursors`) or the interval reaches
-  `idle_poll_interval_s`; then the sweep takes over.
+- **Fast polls** follow markers. A marker read arms a partition's fast poll: its internal stats
+  `first_poll_s` later (an acknowledgement shows at the broker after the client's acknowledgement
+  grouping, 100 ms by default), or `poll_interval_s` after a cursor moved, backing off by 1.5x
+  while nothing moves, until no marker waits for a subscription (`engine.wants_cursors`) or the
+  interval passes `WATCH_AFTER_S` where the ack watch sees the topic, `idle_poll_interval_s`
+  elsewhere; then the ack watch, or the sweep, takes over.
+- **The ack watch** (broker_ext/ack_watch.py) serves markers that wait for a late acknowledgement:
+  while any does, the broker's `/metrics` once every `--ack-watch-interval-s` shows which
+  subscriptions' mark-delete positions advanced; only those partitions get an internal-stats read.
+  A partition whose last move came more than `LATE_S` after a marker read is *late*: its new markers
+  go to the watch at once, without reads that would find nothing, but for one in `PROBE_EVERY`.
 - **The sweep** is a cheap change detector over the topics this instance owns, one admin call per
   topic (one per partitioned topic: `partitioned-stats`), round-robin, at most `stats_rate` calls a
   second and each topic at most every `idle_poll_interval_s`. Per partition it reads the durable
@@ -40,10 +47,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from broker_ext.ack_watch import AckWatch, mark_delete_times
 from broker_ext.engine.vocabulary import CursorsPolled
 from broker_ext.loop import EventLoop
 from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound, last_confirmed_entry, mark_delete_of
@@ -52,6 +60,12 @@ from watermark_core.protocol import GENERATOR_SUBSCRIPTION, INTERNAL_SUBSCRIPTIO
 log = logging.getLogger(__name__)
 
 BACKOFF = 1.5
+WATCH_AFTER_S = 0.25
+"""Where the broker's metrics show the topic, its fast poll hands over to the ack watch beyond this interval."""
+LATE_S = 0.5
+"""A partition whose cursors were last found moved this long after a marker read acknowledges late."""
+PROBE_EVERY = 4
+"""On a partition that acknowledges late, one marker in this many still gets fast polls: it may be prompt again."""
 FULL_SWEEP_PERIODS = 10
 """A partitioned topic's partitions are read one by one at least every this many sweeps of it."""
 RETRY_MAX_S = 10.0
@@ -149,6 +163,12 @@ class PollState:
     """A marker still waits, but the fast poll backed off to the sweep; a marker read or a move re-arms it."""
     positions: Mapping[str, tuple[int, int]] | None = None
     retry_s: float = 0.0
+    marker_read_at: float = 0.0
+    """When the latest marker was read (time.time())."""
+    late: bool = False
+    """The last move was found more than `LATE_S` after the latest marker read: the subscriptions acknowledge late."""
+    unprobed: int = 0
+    """Markers read since the last one that got fast polls (a late partition gets them for one in `PROBE_EVERY`)."""
 
 
 class CursorPoller:
@@ -157,11 +177,13 @@ class CursorPoller:
     def __init__(
         self, loop: EventLoop, admin: PulsarAdmin, pool: Executor, *, poll_interval_s: float,
         idle_poll_interval_s: float, stats_rate: float, count: Callable[[str], None] = lambda call: None,
+        first_poll_s: float | None = None, ack_watch_interval_s: float = 0.0,
     ) -> None:  # fmt: skip
         self.loop = loop
         self.admin = admin
         self.pool = pool
         self.poll_interval_s = poll_interval_s
+        self.first_poll_s = poll_interval_s if first_poll_s is None else first_poll_s
         self.idle_poll_interval_s = idle_poll_interval_s
         self.stats_rate = stats_rate
         self._wanted: dict[str, Followed] = {}
@@ -170,15 +192,25 @@ class CursorPoller:
         self._last_failure_log = 0.0
         self._count = count
         self.sweeper = Sweeper(self, idle_poll_interval_s=idle_poll_interval_s, stats_rate=stats_rate)
+        self.watch = AckWatch(ack_watch_interval_s) if ack_watch_interval_s > 0 else None
+        self._scraper = ThreadPoolExecutor(1, thread_name_prefix="wm-ack-watch") if self.watch is not None else None
+        """Scrapes on a thread of their own: behind a queue of cursor reads they would come late."""
+        self._followed: dict[str, Followed] = {}
+        self._scraping = False
+        self._watch_failure_logged = False
 
     # -- partitions (loop thread) -------------------------------------------------------------------
 
     def add(self, partition: Followed) -> None:
+        self._followed[partition.topic] = partition
         self.sweeper.add(partition)
 
     def remove(self, partition: Followed) -> None:
         self.loop.cancel((partition.topic, "poll"))
         self._wanted.pop(partition.topic, None)
+        self._followed.pop(partition.topic, None)
+        if self.watch is not None:
+            self.watch.forget(partition.topic)
         self.sweeper.remove(partition)
 
     def owned(self, partition: Followed) -> None:
@@ -188,30 +220,123 @@ class CursorPoller:
     def after(self, partition: Followed, marker_read: bool) -> None:
         """After an event other than a poll: a marker read (re)arms the fast poll; it stops once nothing waits."""
         state = partition.poll
+        if marker_read:
+            state.marker_read_at = time.time()
         if not partition.wants_cursors:
             self._stop_fast(partition)
+        elif marker_read and state.late and self._watchable(partition) and state.unprobed < PROBE_EVERY - 1:
+            state.unprobed += 1  # its subscriptions acknowledge late: reads would find nothing, the watch will tell
+            state.handed_over = True
+            self._watch(partition)
         elif marker_read or (not state.fast_interval and not state.handed_over):
-            self._arm(partition, self.poll_interval_s)
+            state.unprobed = 0
+            self._arm(partition, self.first_poll_s)
+
+    def _watchable(self, partition: Followed) -> bool:
+        """Whether the ack watch can serve the partition: it runs, and the broker's metrics showed the topic."""
+        return self.watch is not None and (self.watch.last_scrape is None or partition.topic in self.watch.seen)
 
     def _after_poll(self, partition: Followed, moved: bool) -> None:
         """After a poll: poll fast again while a marker waits, backing off while nothing moves."""
         state = partition.poll
+        watched = self._watchable(partition)
+        if moved and state.marker_read_at:
+            state.late = time.time() - state.marker_read_at > LATE_S
         if not partition.wants_cursors:
             self._stop_fast(partition)
+        elif moved and state.handed_over and watched:
+            self._watch(partition)  # a late acknowledgement; the markers still waiting had their fast polls
         elif moved or (not state.fast_interval and not state.handed_over):
             self._arm(partition, self.poll_interval_s)
         elif state.fast_interval:
             interval = state.fast_interval * BACKOFF
-            if interval <= self.idle_poll_interval_s:
+            if interval <= (WATCH_AFTER_S if watched else self.idle_poll_interval_s):
                 self._arm(partition, interval)
             else:
-                state.fast_interval, state.handed_over = 0.0, True  # the sweep takes over
+                state.fast_interval, state.handed_over = 0.0, True  # the ack watch or the sweep takes over
+                if watched:
+                    self._watch(partition)
 
     def _stop_fast(self, partition: Followed) -> None:
         state = partition.poll
         if state.fast_interval:
             self.loop.cancel((partition.topic, "poll"))
         state.fast_interval, state.handed_over = 0.0, False
+        if self.watch is not None:
+            self.watch.unwatch(partition.topic)
+
+    # -- the ack watch: late acknowledgements from the broker's metrics (broker_ext/ack_watch.py) ----
+
+    def _watch(self, partition: Followed) -> None:
+        assert self.watch is not None
+        self.watch.watch(partition.topic)
+        self._schedule_scrape()
+
+    def _schedule_scrape(self) -> None:
+        if self.watch is None or self._scraping:
+            return
+        when = self.watch.next_scrape(time.time())
+        if when is None:
+            self.loop.cancel("ack-watch")
+        elif self.loop.scheduled("ack-watch") != when:
+            self.loop.call_at(when, "ack-watch", self._scrape)
+
+    def _scrape(self) -> None:
+        """Read the broker's metrics on the pool: the mark-delete times of the followed topics it serves."""
+        if self.watch is None or not self.watch.watched or self._scraping:
+            return
+        self._scraping = True
+        followed = frozenset(self._followed)
+
+        def work() -> None:
+            started = time.time()
+            try:
+                self._count("metrics")
+                times = mark_delete_times(self.admin.broker_metrics(), followed.__contains__)
+            except AdminError as exc:
+                failure = exc
+                self.loop.post(lambda: self._scrape_failed(started, failure))
+                return
+            self.loop.post(lambda: self._scraped(started, times))
+
+        assert self._scraper is not None
+        self._scraper.submit(work)
+
+    def close(self) -> None:
+        if self._scraper is not None:
+            self._scraper.shutdown(wait=False, cancel_futures=True)
+
+    def _scraped(self, started: float, times: dict[str, dict[str, int]]) -> None:
+        assert self.watch is not None
+        self._scraping = False
+        if self._watch_failure_logged:
+            log.info("reading the broker's metrics again: late acknowledgements are noticed within %.1f s",
+                     self.watch.interval_s)  # fmt: skip
+            self._watch_failure_logged = False
+        for topic, subscriptions in times.items():  # only durable application subscriptions count
+            partition = self._followed.get(topic)
+            durable = partition.poll.durable if partition is not None else None
+            times[topic] = {
+                name: at for name, at in subscriptions.items()
+                if (name in durable if durable is not None else name not in INTERNAL_SUBSCRIPTIONS)
+            }  # fmt: skip
+        for topic in self.watch.scraped(started, times):
+            partition = self._followed.get(topic)
+            if partition is not None and not partition.closed and partition.wants_cursors:
+                self.request(partition)
+        self._schedule_scrape()
+
+    def _scrape_failed(self, started: float, exc: AdminError) -> None:
+        assert self.watch is not None
+        self._scraping = False
+        self.watch.failed(started)
+        if not self._watch_failure_logged:
+            self._watch_failure_logged = True
+            log.warning("reading the broker's metrics failed (%s); late acknowledgements are noticed by the sweep "
+                        "meanwhile (every owned topics / --stats-rate seconds). Let the generator read /metrics "
+                        "(authenticateMetricsEndpoint=false or a role allowed to) or turn this off with "
+                        "--ack-watch-interval-s 0", exc)  # fmt: skip
+        self._schedule_scrape()
 
     def request(self, partition: Followed) -> None:
         """Read the partition's cursors as soon as possible (batched with others of its topic)."""

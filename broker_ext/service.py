@@ -75,7 +75,8 @@ class GeneratorService:
         self.poller = CursorPoller(
             self.loop, self.admin, self.admin_pool, poll_interval_s=config.poll_interval_s,
             idle_poll_interval_s=config.idle_poll_interval_s, stats_rate=config.stats_rate,
-            count=lambda call: self.metrics.admin_calls.labels(call).inc(),
+            count=lambda call: self.metrics.admin_calls.labels(call).inc(), first_poll_s=config.first_poll_s,
+            ack_watch_interval_s=config.ack_watch_interval_s,
         )  # fmt: skip
         self.ctx = Context(
             self.client, self.admin, config, self.dispatcher, self.metrics, self.loop, self.pool, self.poller
@@ -207,6 +208,7 @@ class GeneratorService:
             self.loop.post(close_partitions)
             closed.wait(10)
         self.poller.sweeper.stop()
+        self.poller.close()
         self.loop.stop()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.admin_pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,370 @@
+"""Issue 27: many non-partitioned topics, markers that fall due together, and consumers that acknowledge late.
+
+- burst: 200 non-partitioned topics, one subscription each, one `W_SET` per topic per second sent together at
+  the start of each second, each consumer acknowledging at once. The broker's process CPU (from /proc) over
+  the same length of time without and with a generator following the namespace, the generator's CPU, and
+  from each acknowledgement to the watermark at the consumer's `WatermarkFeed`;
+- slow ack: 1000 non-partitioned topics, one `W_SET` per topic per 10 s, each acknowledged 10 s after it was
+  received; from that acknowledgement to the watermark at the consumer's feed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import heapq
+import math
+import os
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pulsar
+
+from bench.common import metric_samples, say
+from bench.generator import Generator, _new_namespace
+from bench.generator_scale import _Latencies
+from consumer.watermark_feed import WatermarkFeed
+from producer import WatermarkProducer
+from pulsar_access.admin import PulsarAdmin
+from pulsar_access.settings import PulsarSettings
+
+BURST_TOPICS = 200
+BURST_WARMUP_S = 8.0
+BURST_MEASURE_S = 20.0
+SLOW_TOPICS = 1000
+SLOW_PERIOD_S = 10.0
+SLOW_ACK_DELAY_S = 10.0
+SLOW_MEASURE_S = 50.0
+
+
+def process_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def listening_pid(port: int) -> int | None:
+    """The process (of this user) that listens on TCP `port` on this machine, from /proc."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                    return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def broker_pid(settings: PulsarSettings) -> int:
+    url = urlsplit(settings.admin_url)
+    pid = listening_pid(url.port or 80)
+    if pid is None:
+        raise RuntimeError(f"no local process of this user listens at {settings.admin_url}: the burst benchmark reads "
+                           "the broker's CPU from /proc, so it needs a broker on this machine")  # fmt: skip
+    return pid
+
+
+class _Topics:
+    """Non-partitioned topics, each with a watermark producer, a plain consumer and a `WatermarkFeed`."""
+
+    def __init__(self, client: pulsar.Client, admin: PulsarAdmin, namespace: str, count: int, prefix: str,
+                 ack: Callable[[int], Callable[[pulsar.Consumer, pulsar.Message], None]],
+                 record: _Latencies) -> None:  # fmt: skip
+        self.names = [f"persistent://{namespace}/{prefix}-{i}" for i in range(count)]
+        for name in self.names:
+            admin.create_topic(name)
+        self.producers = [WatermarkProducer(client, name, producer_name=f"{prefix}{i}", keepalive_interval_ms=None)
+                          for i, name in enumerate(self.names)]  # fmt: skip
+        self.consumers = [client.subscribe(name, "app", message_listener=ack(i),
+                                           initial_position=pulsar.InitialPosition.Earliest)
+                          for i, name in enumerate(self.names)]  # fmt: skip
+        self.feeds = [WatermarkFeed(client, name, "app", record.watermark(i)) for i, name in enumerate(self.names)]
+
+    def close(self) -> None:
+        for feed in self.feeds:
+            feed.close()
+        for consumer in self.consumers:
+            consumer.close()
+        for producer in self.producers:
+            producer.close(idle=False)
+
+
+CALLS = ("internalStats", "stats", "metrics", "partitioned-stats-summed", "partitioned-stats",
+         "partitioned-internalStats")
+
+
+def _calls(gen: Generator) -> dict[str, float]:
+    """The generator's admin calls so far, by kind."""
+    return {call: sum(metric_samples(gen.metrics_port, "wm_admin_calls_total", call=call)) for call in CALLS}
+
+
+def _quantiles(record: _Latencies, after_ms: int, until: float, settle_s: float = 2.0) -> tuple[float, float, int]:
+    """p50, p99 and samples of the time from each acknowledged W_SET to a watermark at least as high at the feed.
+
+    A W_SET whose value the feed never showed because a higher one came first counts until that higher one; one
+    that no watermark as high followed by `until` (the run's end) counts until then (a lower bound). Only W_SETs
+    acknowledged `settle_s` before the end count.
+    """
+    with record.lock:
+        seen: dict[int, list[tuple[int, float]]] = {}
+        for (topic, event_time), at in record.seen.items():
+            seen.setdefault(topic, []).append((event_time, at))
+        acked = [(key, at) for key, at in record.acked.items() if key[1] > after_ms and at <= until - settle_s]
+    for values in seen.values():
+        values.sort()
+    latencies, missing = [], 0
+    for (topic, event_time), at in acked:
+        values = seen.get(topic, [])
+        i = bisect.bisect_left(values, (event_time, -math.inf))
+        if i == len(values):
+            missing += 1
+            latencies.append((until - at) * 1000)
+        else:
+            latencies.append((values[i][1] - at) * 1000)
+    if missing:
+        say(f"  {missing} acknowledged W_SETs: no watermark as high reached the feed by the run's end (counted so)")
+    q = statistics.quantiles(latencies, n=100)
+    return q[49], q[98], len(latencies)
+
+
+def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, log_dir: Path,
+          topics: int = BURST_TOPICS) -> dict[str, float | int | str]:  # fmt: skip
+    """Broker CPU without and with a generator, generator CPU and latency, W_SETs sent together each second."""
+    broker = broker_pid(settings)
+    namespace = _new_namespace(admin)
+    record = _Latencies()
+    acking = _Topics(client, admin, namespace, topics, "burst",
+                     lambda i: _acknowledging_listener(record.ack(i)), record)  # fmt: skip
+    stop = threading.Event()
+    sent = [0]
+
+    def ticks() -> None:
+        t, second = 0, time.perf_counter()
+        while not stop.is_set():
+            t += 1_000
+            for producer in acking.producers:
+                producer.new_watermark().event_time(t).send_async()
+            sent[0] += len(acking.producers)
+            second += 1.0
+            stop.wait(max(0.0, second - time.perf_counter()))
+
+    ticker = threading.Thread(target=ticks, daemon=True)
+    ticker.start()
+    gen: Generator | None = None
+    try:
+        time.sleep(BURST_WARMUP_S)
+        cpu, wsets = process_cpu_seconds(broker), sent[0]
+        time.sleep(BURST_MEASURE_S)
+        without = (process_cpu_seconds(broker) - cpu) / BURST_MEASURE_S
+        wsets_without = sent[0] - wsets
+        say(f"  without a generator: broker {without:.3f} of a core over {wsets_without} W_SETs")
+        gen = Generator(settings, namespace, log_dir)
+        gen.wait_published(topics, within_s=300)
+        time.sleep(BURST_WARMUP_S)
+        cpu, gen_cpu, wsets, calls_before = process_cpu_seconds(broker), gen.cpu_seconds(), sent[0], _calls(gen)
+        measured_from = time.perf_counter()
+        time.sleep(BURST_MEASURE_S)
+        with_gen = (process_cpu_seconds(broker) - cpu) / BURST_MEASURE_S
+        gen_share = (gen.cpu_seconds() - gen_cpu) / BURST_MEASURE_S
+        wsets_with = sent[0] - wsets
+        calls = {call: count - calls_before[call] for call, count in _calls(gen).items() if count > calls_before[call]}
+        stop.set()
+        ticker.join()
+        time.sleep(2)
+        gen.kill()
+        per_call = {kind: _broker_ms_per_call(admin, broker, acking.names, kind) for kind in ("internalStats", "stats")}
+    finally:
+        stop.set()
+        if gen is not None:
+            gen.kill()
+        acking.close()
+    rate = wsets_with / BURST_MEASURE_S
+    say(f"  with it: broker {with_gen:.3f}, generator {gen_share:.3f} of a core over {wsets_with} W_SETs; admin calls "
+        f"meanwhile {calls}")
+    with record.lock:  # only the W_SETs acknowledged while measuring
+        record.acked = {key: at for key, at in record.acked.items()
+                        if measured_from <= at <= measured_from + BURST_MEASURE_S}  # fmt: skip
+    p50, p99, samples = _quantiles(record, 0, measured_from + BURST_MEASURE_S + 2)
+    return {
+        "generator_cpu_ms_per_wset_burst": round(gen_share * 1000 / rate, 3),
+        "broker_extra_cpu_ms_per_wset_burst": round((with_gen - without) * 1000 / rate, 3),
+        "watermark_latency_burst_p50_ms": round(p50, 1),
+        "watermark_latency_burst_p99_ms": round(p99, 1),
+        "broker_cpu_burst_without_generator": round(without, 4),
+        "broker_cpu_burst_with_generator": round(with_gen, 4),
+        "generator_admin_calls_per_wset_burst": round(sum(calls.values()) / wsets_with, 3),
+        "broker_cpu_ms_per_internal_stats_call": round(per_call["internalStats"], 3),
+        "broker_cpu_ms_per_stats_call": round(per_call["stats"], 3),
+        "broker_cpu_ms_per_internal_stats_call_how": "after the burst run, generator and W_SETs stopped: "
+        "the broker's CPU over 600 calls (internalStats, resp. stats without producers and consumers) made one at a "
+        "time on the generator's keep-alive connection, minus the same time without calls, per call",
+        "generator_admin_calls_per_wset_burst_how": f"the same run, while measuring: {calls}",
+        "generator_cpu_ms_per_wset_burst_how": f"{topics} non-partitioned topics, one subscription each acknowledging "
+        f"every message at once; one W_SET per topic sent together at the start of each second; generator process "
+        f"CPU over {BURST_MEASURE_S:.0f} s (after {BURST_WARMUP_S:.0f} s of warm-up past its take-over) over the "
+        f"W_SETs sent meanwhile",
+        "broker_extra_cpu_ms_per_wset_burst_how": f"the same run: the standalone broker's process CPU over "
+        f"{BURST_MEASURE_S:.0f} s with the generator minus over {BURST_MEASURE_S:.0f} s of the same load before the "
+        f"generator started (feeds and consumers attached in both), per W_SET",
+        "watermark_latency_burst_p50_ms_how": f"the same run: from each consumer's acknowledge() of a W_SET to that "
+        f"value at its WatermarkFeed, W_SETs acknowledged while measuring; {samples} samples",
+    }
+
+
+def _broker_ms_per_call(admin: PulsarAdmin, broker: int, topics: list[str], kind: str, calls: int = 600) -> float:
+    """The broker's CPU per admin call of `kind` on these topics, net of what it does meanwhile anyway."""
+    call = admin.fast_internal_stats if kind == "internalStats" else admin.brief_stats
+    cpu, started = process_cpu_seconds(broker), time.perf_counter()
+    for i in range(calls):
+        call(topics[i % len(topics)])
+    busy, elapsed = process_cpu_seconds(broker) - cpu, time.perf_counter() - started
+    cpu = process_cpu_seconds(broker)
+    time.sleep(elapsed)
+    idle = process_cpu_seconds(broker) - cpu
+    return (busy - idle) * 1000 / calls
+
+
+def _acknowledging_listener(on_ack: Callable[[pulsar.Message], None]
+                            ) -> Callable[[pulsar.Consumer, pulsar.Message], None]:  # fmt: skip
+    def listener(consumer: pulsar.Consumer, message: pulsar.Message) -> None:
+        on_ack(message)
+        consumer.acknowledge(message)
+
+    return listener
+
+
+class _LateAcks:
+    """Acknowledges each message `delay_s` after it was received, on a thread of its own."""
+
+    def __init__(self, record: _Latencies, delay_s: float) -> None:
+        self.record = record
+        self.delay_s = delay_s
+        self._due: list[tuple[float, int, int, pulsar.Consumer, pulsar.Message]] = []
+        self._order = 0
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def listener(self, topic: int) -> Callable[[pulsar.Consumer, pulsar.Message], None]:
+        def received(consumer: pulsar.Consumer, message: pulsar.Message) -> None:
+            with self._cond:
+                self._order += 1
+                heapq.heappush(self._due, (time.monotonic() + self.delay_s, self._order, topic, consumer, message))
+                self._cond.notify()
+
+        return received
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and (not self._due or self._due[0][0] > time.monotonic()):
+                    self._cond.wait(max(0.001, self._due[0][0] - time.monotonic()) if self._due else 1.0)
+                if self._stop:
+                    return
+                _, _, topic, consumer, message = heapq.heappop(self._due)
+            self.record.ack(topic)(message)
+            with contextlib.suppress(pulsar.PulsarException):
+                consumer.acknowledge(message)
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join()
+
+
+def slow_ack(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, log_dir: Path,
+             topics: int = SLOW_TOPICS) -> dict[str, float | int | str]:  # fmt: skip
+    """From a late acknowledgement to the watermark, one W_SET per topic per 10 s, many topics, one generator."""
+    broker = broker_pid(settings)
+    namespace = _new_namespace(admin)
+    record = _Latencies()
+    late = _LateAcks(record, SLOW_ACK_DELAY_S)
+    slow = _Topics(client, admin, namespace, topics, "slow", late.listener, record)
+    for producer in slow.producers:
+        producer.new_watermark().event_time(1_000).send_async()
+    gen = Generator(settings, namespace, log_dir)
+    stop = threading.Event()
+    try:
+        takeover = gen.wait_published(topics, within_s=600)
+        calls_before, gen_cpu, broker_cpu, started = _calls(gen), gen.cpu_seconds(), process_cpu_seconds(broker), \
+            time.perf_counter()
+        say(f"  {topics} topics taken over in {takeover:.0f} s; one W_SET per topic per {SLOW_PERIOD_S:.0f} s, "
+            f"each acknowledged {SLOW_ACK_DELAY_S:.0f} s after it arrives, for {SLOW_MEASURE_S:.0f} s")  # fmt: skip
+
+        def ticks() -> None:
+            """Each topic sends once a period at a random time of it: a late acknowledgement seldom comes just as
+            the topic's next W_SET is read (which would arm a fast poll that catches it)."""
+            period, start = 0, time.perf_counter()
+            while not stop.is_set():
+                t = 2_000 + period * 1_000
+                for offset, i in sorted((random.uniform(0, SLOW_PERIOD_S), i) for i in range(topics)):
+                    if stop.wait(max(0.0, start + offset - time.perf_counter())):
+                        return
+                    slow.producers[i].new_watermark().event_time(t).send_async()
+                period += 1
+                start += SLOW_PERIOD_S
+                stop.wait(max(0.0, start - time.perf_counter()))
+
+        ticker = threading.Thread(target=ticks, daemon=True)
+        ticker.start()
+        time.sleep(SLOW_MEASURE_S + SLOW_ACK_DELAY_S + 5)
+        stop.set()
+        ticker.join()
+        calls = {call: count - calls_before[call] for call, count in _calls(gen).items() if count > calls_before[call]}
+        ended = time.perf_counter()
+        elapsed = ended - started
+        gen_share = (gen.cpu_seconds() - gen_cpu) / elapsed
+        broker_share = (process_cpu_seconds(broker) - broker_cpu) / elapsed
+    finally:
+        stop.set()
+        gen.kill()
+        late.close()
+        slow.close()
+    p50, p99, samples = _quantiles(record, 1_000, ended, settle_s=5.0)
+    return {
+        "watermark_latency_slow_ack_1000_topics_p50_ms": round(p50, 1),
+        "watermark_latency_slow_ack_1000_topics_p99_ms": round(p99, 1),
+        "generator_admin_calls_slow_ack": str(calls),
+        "generator_cpu_slow_ack_1000_topics": round(gen_share, 4),
+        "broker_cpu_slow_ack_1000_topics": round(broker_share, 4),
+        "generator_cpu_slow_ack_1000_topics_how": "the slow-ack run: generator and broker CPU (shares of a core) from "
+        "the take-over's end to the run's end; the admin calls in generator_admin_calls_slow_ack",
+        "watermark_latency_slow_ack_1000_topics_p99_ms_how": f"{topics} non-partitioned topics, one generator; one "
+        f"W_SET per topic per {SLOW_PERIOD_S:.0f} s (at a random time of each period), each subscription "
+        f"acknowledging it {SLOW_ACK_DELAY_S:.0f} s after receiving it; from that acknowledge() to the value at "
+        f"its WatermarkFeed over {SLOW_MEASURE_S:.0f} s; {samples} samples",
+    }
+
+
+def run(settings: PulsarSettings, log_dir: Path) -> dict[str, float | int | str]:
+    client = settings.client(message_listener_threads=4)
+    admin = PulsarAdmin(settings)
+    figures: dict[str, float | int | str] = {}
+    try:
+        which = os.environ.get("WM_BENCH_BURST", "burst,slow").split(",")
+        if "burst" in which:
+            say(f"burst: {BURST_TOPICS} non-partitioned topics, W_SETs sent together each second")
+            figures.update(burst(settings, client, admin, log_dir))
+        if "slow" in which:
+            say(f"slow acknowledgements: {SLOW_TOPICS} non-partitioned topics")
+            figures.update(slow_ack(settings, client, admin, log_dir))
+    finally:
+        client.close()
+        admin.close()
+    return figures
