@@ -1,10 +1,7 @@
 """`make bench`: every benchmark in one run against one real cluster; writes docs/BENCHMARKS.md.
 
-`python -m bench seek` (or any of client, generator, scale, spark, seek, sink) runs only those, merging
-`python -m bench seek` (or any of client, generator, scale, spark, seek, burst) runs only those, merging
-their figures into docs/benchmarks.json.
-`python -m bench seek` (or any of client, generator, scale, spark, seek, bounds, snapshot) runs only
-those, merging their figures into docs/benchmarks.json. `python -m bench snapshot` needs no broker.
+`python -m bench seek` (or any of the GROUPS below) runs only those, merging their figures into
+docs/benchmarks.json. `python -m bench snapshot` needs no broker; `multi` starts a cluster of its own.
 """
 
 from __future__ import annotations
@@ -15,9 +12,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import client_throughput, generator, generator_scale, multi_broker, seek, spark
-from bench import client_throughput, generator, generator_bounds, generator_scale, seek, spark
-from bench import burst, client_throughput, generator, generator_scale, seek, spark
+from bench import burst, client_throughput, generator, generator_bounds, generator_scale, multi_broker, seek, spark
 from bench.common import bench_cluster, say, write_results
 from devtools.local_cluster import PULSAR_VERSION
 from pulsar_access.settings import PulsarSettings
@@ -32,6 +27,8 @@ def _generator_scale(settings: PulsarSettings) -> Figures:
 
 def _snapshot(_settings: PulsarSettings) -> Figures:
     return generator_bounds.snapshot_figures()
+
+
 def _burst(settings: PulsarSettings) -> Figures:
     with tempfile.TemporaryDirectory(prefix="wm-bench-burst-") as logs:
         return burst.run(settings, Path(os.environ.get("WM_BENCH_LOGS") or logs))
@@ -46,12 +43,11 @@ GROUPS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {
     "multi": ("a three-broker cluster (issue 24)", multi_broker.run),
     "sink": ("the Spark sink, exactly once (issue 28)", spark.run_sink),
     "burst": ("many topics: markers due together, late acknowledgements (issue 27)", _burst),
-}
-OWN_CLUSTER = {"multi"}
-"""Groups that start a cluster of their own."""
     "bounds": ("an abandoned subscription's memory (issue 26)", generator_bounds.abandoned_subscription_figures),
     "snapshot": ("snapshot size with producers coming and going (issue 26)", _snapshot),
 }
+OWN_CLUSTER = {"multi"}
+"""Groups that start a cluster of their own."""
 NO_BROKER = {"snapshot"}
 """Groups measured on the pure side only: run alone, they start no cluster."""
 
@@ -62,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         raise SystemExit(f"unknown benchmark {unknown}; choose from {', '.join(GROUPS)}")
     figures: Figures = {"pulsar_version": PULSAR_VERSION}
-    on_standalone = [name for name in chosen if name not in OWN_CLUSTER]
+    on_standalone = [name for name in chosen if name not in OWN_CLUSTER | NO_BROKER]
     if on_standalone:
         with bench_cluster() as settings:
             for name in on_standalone:
@@ -70,26 +66,11 @@ def main(argv: list[str] | None = None) -> None:
                 say(title)
                 figures.update(run(settings))
     for name in chosen:
-        if name in OWN_CLUSTER:
-            title, run_alone = GROUPS[name]
-            say(title)
-            figures.update(run_alone(None))  # type: ignore[arg-type]
-    write_results(figures)
-    if set(chosen) <= NO_BROKER:
-        figures: Figures = {}
-        for name in chosen:
+        if name in OWN_CLUSTER | NO_BROKER:
             title, run = GROUPS[name]
             say(title)
             figures.update(run(PulsarSettings.from_env()))
-        write_results(figures)
-    else:
-        with bench_cluster() as settings:
-            figures = {"pulsar_version": PULSAR_VERSION}
-            for name in chosen:
-                title, run = GROUPS[name]
-                say(title)
-                figures.update(run(settings))
-            write_results(figures)
+    write_results(figures)
     for key, value in figures.items():
         if not key.endswith("_how"):
             say(f"{key} = {value}")

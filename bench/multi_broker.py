@@ -84,7 +84,7 @@ def topic_move_gaps(cluster: MultiBrokerCluster, admin: PulsarAdmin, moves: int 
     return gaps
 
 
-def run(_settings: PulsarSettings | None = None) -> dict[str, float | int | str]:
+def run(_settings: PulsarSettings) -> dict[str, float | int | str]:
     """Starts a cluster of its own (the standalone the other groups use is not a cluster)."""
     with tempfile.TemporaryDirectory(prefix="wm-bench-multi-") as state:
         cluster = MultiBrokerCluster(

@@ -456,6 +456,25 @@ class PulsarAdmin:
         """`pulsar-admin topics set-deduplication TOPIC --enable` (a topic-level policy; the topic must exist)."""
         self._call("POST", f"{TopicName.parse(topic).rest_path}/deduplicationEnabled", json=enabled)
 
+    def broker_metrics(self) -> bytes:
+        """The Prometheus text of the broker at the admin URL (`/metrics/`): every topic it serves, megabytes.
+
+        The generator reads each subscription's last mark-delete advance from it (broker_ext/ack_watch.py).
+        """
+        url = f"{self.base_url}/metrics/"
+        try:
+            # uncompressed: compressing megabytes for each call doubled the broker's CPU (docs/DECISIONS.md, issue 27)
+            response = self._http.get(url, timeout=self.timeout_s,
+                                      headers={"Accept": "text/plain", "Accept-Encoding": "identity"})  # fmt: skip
+        except requests.RequestException as exc:
+            raise AdminError(f"the broker's metrics at {url} do not answer ({type(exc).__name__})") from exc
+        if response.status_code in (401, 403):
+            raise AdminError(f"the broker refused its metrics at {url} ({response.status_code}): it authenticates "
+                             "/metrics (authenticateMetricsEndpoint=true)", response.status_code)  # fmt: skip
+        if response.status_code >= 400:
+            raise AdminError(f"the broker's metrics at {url} failed with {response.status_code}", response.status_code)
+        return response.content
+
 
 MAX_REDIRECTS = 5
 REDIRECTS = (301, 302, 303, 307, 308)
@@ -487,24 +506,6 @@ def _topic_key(path: str) -> str:
 def _origin(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}"
-    def broker_metrics(self) -> bytes:
-        """The Prometheus text of the broker at the admin URL (`/metrics/`): every topic it serves, megabytes.
-
-        The generator reads each subscription's last mark-delete advance from it (broker_ext/ack_watch.py).
-        """
-        url = f"{self.settings.admin_url}/metrics/"
-        try:
-            # uncompressed: compressing megabytes for each call doubled the broker's CPU (docs/DECISIONS.md, issue 27)
-            response = self._http.get(url, timeout=self.timeout_s,
-                                      headers={"Accept": "text/plain", "Accept-Encoding": "identity"})  # fmt: skip
-        except requests.RequestException as exc:
-            raise AdminError(f"the broker's metrics at {url} do not answer ({type(exc).__name__})") from exc
-        if response.status_code in (401, 403):
-            raise AdminError(f"the broker refused its metrics at {url} ({response.status_code}): it authenticates "
-                             "/metrics (authenticateMetricsEndpoint=true)", response.status_code)  # fmt: skip
-        if response.status_code >= 400:
-            raise AdminError(f"the broker's metrics at {url} failed with {response.status_code}", response.status_code)
-        return response.content
 
 
 BRIEF_STATS = {"excludePublishers": "true", "excludeConsumers": "true", "subscriptionBacklogSize": "false"}

@@ -328,8 +328,6 @@ def test_a_query_on_two_topics_closes_a_window_only_when_both_watermarks_passed_
     behind.close()
 
 
-def test_late_rows_are_marked_not_dropped_unseen_and_name_the_producer_the_generator_counts(
-    spark: SparkSession, pulsar_client: pulsar.Client, pulsar_settings: Any, namespace: str, tmp_path: Path
 def _end_of(query: Any, topic: str) -> tuple[int, int]:
     """The latest batch's end entry of a non-partitioned topic, (-1, -1) before one."""
     sources = (query.lastProgress or {}).get("sources") or [{}]
@@ -382,9 +380,8 @@ def test_a_pattern_with_an_empty_topic_does_not_stall_and_one_without_a_watermar
         producer.close()
 
 
-@pytest.mark.usefixtures("generator")
-def test_rows_below_the_broker_watermark_are_marked_late_not_dropped_unseen(
-    spark: SparkSession, pulsar_client: pulsar.Client, topic: str, tmp_path: Path
+def test_late_rows_are_marked_not_dropped_unseen_and_name_the_producer_the_generator_counts(
+    spark: SparkSession, pulsar_client: pulsar.Client, pulsar_settings: Any, namespace: str, tmp_path: Path
 ) -> None:
     """A late row names its producer (`producer`), the same one the generator's broken-assertion metric names."""
     from bench.common import metric_samples
