@@ -119,16 +119,46 @@ def test_seek_with_a_consumer_attached(cluster: MultiBrokerCluster, client: puls
 
 def test_spark_windows_exact(
     spark: object, settings: PulsarSettings, client: pulsar.Client, multi_admin: PulsarAdmin, topic: str,
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:  # fmt: skip
-    from tests.integration import test_spark
+    """Two partitions (on different brokers, most likely), two producers: each window's count is exact, and the
+    last window is closed by the watermark alone. The query is pointed at one broker by its options."""
+    import random
+    from collections import Counter
 
-    # the query's options default to these on the driver, and travel with it to the executors
-    monkeypatch.setenv("PULSAR_SERVICE_URL", settings.service_url)
-    monkeypatch.setenv("PULSAR_ADMIN_URL", settings.admin_url)
-    test_spark.test_windowed_counts_equal_the_ground_truth_across_a_restart(
-        spark, client, multi_admin, topic, tmp_path  # type: ignore[arg-type]
-    )
+    from pyspark.sql import functions as F
+
+    import spark_sink
+    from tests.integration.test_spark import BASE, Windows, _produce
+
+    multi_admin.create_topic(topic, partitions=2)
+    producers = [WatermarkProducer(client, topic, producer_name=f"multi-spark-{i}") for i in range(2)]
+    for producer in producers:
+        producer.new_watermark().event_time(BASE).send()
+    sink = Windows()
+    counts = (
+        spark_sink.read_stream(spark, topic=topic, subscription="spark", serviceUrl=settings.service_url,
+                               adminUrl=settings.admin_url)
+        .groupBy(F.window("event_time", "10 seconds"), "key").count()
+    )  # fmt: skip
+    query = (
+        counts.writeStream.outputMode("append").foreachBatch(sink)
+        .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="500 milliseconds").start()
+    )  # fmt: skip
+    try:
+        rng = random.Random(11)
+        truth: Counter[tuple[int, str]] = Counter()
+        truth += _produce(producers[0], ["a", "b"], 0, 22, rng)
+        truth += _produce(producers[1], ["c"], 0, 22, rng)
+        for producer in producers:  # no data after this: only the watermark closes the window [20 s, 30 s)
+            producer.new_watermark().event_time(BASE + 31_000).send()
+        wait_until(lambda: sink.counts().keys() >= truth.keys(), timeout_s=120, what="every window to close")
+    finally:
+        query.stop()
+    assert sink.counts() == dict(truth)
+    assert len(sink.emitted()) == len(set(sink.emitted())), "a window was emitted twice"
+    for producer in producers:
+        producer.close()
 
 
 # -- what a cluster adds --------------------------------------------------------------------------
