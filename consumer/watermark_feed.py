@@ -26,6 +26,7 @@ import pulsar
 from consumer.engine import (
     FALLBACK_WAIT_S,
     RECOMPUTE_WAIT_S,
+    CaughtUp,
     Command,
     ConsumerEngine,
     Event,
@@ -250,6 +251,7 @@ class WatermarkFeed:
             try:
                 message = self._reader.read_next(timeout_millis=200)
             except pulsar.Timeout:
+                self._feed(CaughtUp())  # nothing more published: events from before a seek are all read
                 continue
             except pulsar.AlreadyClosed:
                 return

@@ -132,11 +132,11 @@ class PartitionTrust:
     facts: deque[Computed] = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
     """The last events and head events read: what the log's fold is at their positions (see `give_up`)."""
     frontier: Entry | None = None
-    """The latest entry delivered since the last move back (a seek's known target before the first one):
-    everything after it may still come, so no fact beyond it may stand (see `give_up`)."""
+    """The latest entry delivered since the last move back (just before a seek's known target before the
+    first one): everything after it may still come, so no fact beyond it may stand (see `give_up`)."""
     guarded: bool = False
-    """After `give_up` or a seek to the start: events read may have been computed before the move back
-    (the companion topic's reader lags), so one is taken only at or before the frontier."""
+    """After a seek or `give_up`: events read may have been computed before the move back (the companion
+    topic's reader lags), so one is taken only at or before the frontier, until `on_caught_up`."""
     joining: Computed | None = None
     """Added to a live topic: counts in the minimum with this (the minimum when it was added) until its own
     watermark reaches it, so the watermark neither goes back nor passes it (see `add_partition`)."""
@@ -153,9 +153,10 @@ class PartitionTrust:
 
     def accepts(self, position: Entry) -> bool:
         """Whether an event computed at `position` is before everything this partition protects."""
-        if self.floor is not None and position >= self.floor:
-            return False
-        if self.guarded and (
+        if self.floor is not None:
+            if position >= self.floor:
+                return False
+        elif self.guarded and (
             self.frontier is None
             or position > self.frontier
             or (self.held is not None and position < self.held.position)
@@ -273,6 +274,15 @@ class WatermarkTrust:
         elif state.guarded and state.latest is not state.held:
             self._take_latest(partition)  # the frontier passed it
 
+    def on_caught_up(self, partition: int) -> None:
+        """Every event published before the partition's last seek or `give_up` has been read: events are
+        taken wherever they were computed again (the latest one at once, if nothing contradicts it)."""
+        state = self._partitions[partition]
+        if state.guarded:
+            state.guarded = False
+            if state.floor is None:
+                self._take_latest(partition)
+
     def on_negatively_acknowledged(self, partition: int, position: Position) -> None:
         """The application negatively acknowledged a message: it is not this consumer's any more (the broker
         delivers it again, maybe to another consumer of a Shared subscription that acknowledges it, maybe to
@@ -320,7 +330,9 @@ class WatermarkTrust:
         for partition in partitions:
             state = self._partitions[partition]
             state.outstanding, state.queued = set(), {}
-            state.frontier, state.joining = target, None
+            # What comes next starts at the target (delivered again, even when skipped): before it.
+            state.frontier = None if target is None else (target[0], target[1] - 1)
+            state.joining, state.guarded = None, True
             if target is not None and target <= BEFORE_ALL:
                 # To the start: the fold there is no watermark, a fact. Events read from now on may
                 # still be from before the seek: only one at or before what came again is taken.
@@ -398,7 +410,7 @@ class WatermarkTrust:
         state = self._partitions[partition]
         if state.latest is None or state.latest is state.held or not state.accepts(state.latest.position):
             return False
-        state.held, state.floor, state.provisional, state.guarded = state.latest, None, False, False
+        state.held, state.floor, state.provisional = state.latest, None, False
         self._regained.add(partition)
         self._join(partition)
         return True

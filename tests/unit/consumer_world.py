@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from consumer.engine import (
     Acknowledged,
+    CaughtUp,
     ConsumerEngine,
     Deliver,
     Event,
@@ -191,6 +192,14 @@ class ConsumerWorld:
         if entry in state.ours and entry not in state.acked:
             state.redeliver.add(entry)
 
+    def copy_acknowledged_elsewhere(self, index: int) -> None:
+        """A message the application holds was redelivered to another consumer (its acknowledgement timed
+        out), which acknowledged it: the subscription moves on past a message this consumer still holds."""
+        if not self.handed:
+            return
+        partition, entry = self.handed[index % len(self.handed)]
+        self.partitions[partition].acked.add(entry)
+
     def other(self, partition: int, index: int, acknowledge: bool) -> None:
         state = self.partitions[partition]
         if not state.others:
@@ -239,6 +248,11 @@ class ConsumerWorld:
     def read_events(self, count: int) -> None:
         for _ in range(min(count, len(self.channel))):
             self.send(self.channel.popleft())
+
+    def caught_up(self) -> None:
+        """The engine's reader has read everything published (only true when the channel is empty)."""
+        if not self.channel:
+            self.send(CaughtUp())
 
     def tick(self, seconds: float) -> None:
         self.now += seconds
@@ -307,6 +321,7 @@ class ConsumerWorld:
             self.generator_poll()
             self.read_events(len(self.channel))
             self.tick(31)
+            self.caught_up()
         assert all(s.read >= len(s.log) and not s.redeliver and not s.ours for s in self.partitions.values())
 
     def fold_now(self) -> int | None:
