@@ -124,6 +124,9 @@ class PartitionTrust:
     """While distrusting, the earliest entry to protect; None while trusting."""
     provisional: bool = False
     """The floor is a seek's target: the first message after the seek replaces it."""
+    nacked: set[Entry] = field(default_factory=set)
+    """Entries negatively acknowledged and not received again: no fact at or after one stands for it while
+    guarded or falling back (a generator's event at or after one says another consumer acknowledged it)."""
     outstanding: set[Position] = field(default_factory=set)
     """Messages received and not acknowledged: no accepted event may be computed at or after them."""
     queued: dict[Position, int] = field(default_factory=dict)
@@ -160,6 +163,7 @@ class PartitionTrust:
             self.frontier is None
             or position > self.frontier
             or (self.held is not None and position < self.held.position)
+            or (self.nacked and position >= min(self.nacked))
         ):
             return False  # beyond what came since the move back, or older than the fact held: read late
         low, queued = self.lowest_outstanding(), self.lowest_queued()
@@ -233,6 +237,8 @@ class WatermarkTrust:
         if queued is not None and event.position >= queued:
             return Outcome.DEFERRED  # `latest`: taken when the copies before it have been handed over
         state.held = event
+        if state.nacked:  # computed after them: acknowledged elsewhere (another consumer, a dead-letter topic)
+            state.nacked = {e for e in state.nacked if e > event.position}
         self._join(partition)
         return Outcome.ACCEPTED
 
@@ -245,6 +251,8 @@ class WatermarkTrust:
         `queued`: it waits to be handed to a listener (then `on_handed_over`)."""
         state = self._partitions[partition]
         state.outstanding.add(position)
+        if state.nacked:
+            state.nacked.discard(position[:2])
         if queued:
             state.queued[position] = state.queued.get(position, 0) + 1
         entry = position[:2]
@@ -289,6 +297,7 @@ class WatermarkTrust:
         a dead-letter topic); if it comes here again, it is received again."""
         state = self._partitions[partition]
         state.outstanding.discard(position)
+        state.nacked.add(position[:2])
         self._take_latest(partition)
 
     def on_handed_over(self, partition: int, position: Position) -> None:
@@ -314,6 +323,7 @@ class WatermarkTrust:
         """A cumulative acknowledgement up to `position`; True: hold it back for now (it covers the floor)."""
         state = self._partitions[partition]
         state.outstanding = {p for p in state.outstanding if p > position}
+        state.nacked = {e for e in state.nacked if e > position[:2]}
         hold = state.floor is not None and state.floor <= position[:2]
         self._take_latest(partition)  # an event held back for it, or refused while distrusting
         return hold
@@ -329,7 +339,7 @@ class WatermarkTrust:
         """
         for partition in partitions:
             state = self._partitions[partition]
-            state.outstanding, state.queued = set(), {}
+            state.outstanding, state.queued, state.nacked = set(), {}, set()
             # What comes next starts at the target (delivered again, even when skipped): before it.
             state.frontier = None if target is None else (target[0], target[1] - 1)
             state.joining, state.guarded = None, True
@@ -387,7 +397,8 @@ class WatermarkTrust:
         its latest event (see `give_up`); None if there is none."""
         if state.frontier is None:
             return None  # nothing delivered since the move back: everything after it may come
-        limits = [e for e in (state.lowest_outstanding(), state.lowest_queued()) if e is not None]
+        nacked = min(state.nacked) if state.nacked else None
+        limits = [e for e in (state.lowest_outstanding(), state.lowest_queued(), nacked) if e is not None]
         known = [*state.facts, state.held] if state.held is not None else list(state.facts)
         candidates = [
             fact for fact in known
