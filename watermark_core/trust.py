@@ -35,7 +35,9 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   later event the first message contradicts distrusts from that message, as in `on_event`). A seek to
   the start (`BEFORE_ALL`) needs no wait: the fold there is no watermark, a fact;
 - **negative acknowledgements**: a nacked message is not outstanding any more (it may go to another
-  consumer, or to a dead-letter topic); if it comes back it is received again;
+  consumer, or to a dead-letter topic); if it comes back it is received again. Until then (or until an
+  event computed after it says it was acknowledged elsewhere) no fact at or after it is fallen back
+  on or taken while guarded;
 - **facts**: every event read, and every head event (`on_fact`: the watermark at a position of the
   log, which the generator publishes as it reads), says what the fold of the log is at its
   position; that stays true whatever the subscription does later (contract section 1: a pure
@@ -47,11 +49,13 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   before the `frontier` (the latest entry delivered since the move back: everything after it may
   still come) and not after the latest event (a fact beyond what the subscription was last seen at
   would only distrust the messages still to come). Without one, the partition's watermark is
-  withdrawn. Then (`guarded`) it takes an event only at or before the frontier, as soon as nothing
-  contradicts it: an event read now may have been computed before the move back, and one beyond
-  what came since would stand over entries still to come (issue 25, case 1). This is what ends the
-  wait in a Shared subscription where another consumer acknowledged its copy of a message this one
-  holds: the generator never computes a watermark before that message again (chaos seed 214393).
+  withdrawn. Then (`guarded`, as after every seek) it takes an event only at or before the frontier
+  and not before the fact it holds, as soon as nothing contradicts it: an event read now may have
+  been computed before the move back, and one beyond what came since would stand over entries still
+  to come (issue 25, case 1). `on_caught_up` (the reader has read everything published since) ends
+  it. This is what ends the wait in a Shared subscription where another consumer acknowledged its
+  copy of a message this one holds: the generator never computes a watermark before that message
+  again (chaos seed 214393).
   Callers log it.
 
 Partitioned topics: a consumer's watermark is the minimum over partitions. `watermark()` is the
