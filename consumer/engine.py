@@ -294,6 +294,21 @@ class ConsumerEngine:
             self._hand_over(out)
         return out
 
+    def received_quietly(self, partition: int, position: Position) -> bool:
+        """`handle(Received(partition, position, token))` for a data message without a listener, when
+        its only command would be `Deliver` and nothing else would change (every partition trusts and no
+        seek target waits): True, deliver it. False, nothing changed: call `handle`."""
+        if self.listener or self._distrusted_since or self._seek_targets:
+            return False
+        return self.trust.on_message_quietly(partition, position)
+
+    def acknowledged_quietly(self, partition: int, position: Position) -> bool:
+        """`handle(Acknowledged(partition, position, token))` when its only command would be sending it:
+        True, send it. False, nothing changed: call `handle`."""
+        if self._distrusted_since or self._pending:
+            return False
+        return self.trust.on_acknowledged_quietly(partition, position)
+
     # -- inputs ---------------------------------------------------------------------------------------
 
     def _know(self, partition: int) -> bool:

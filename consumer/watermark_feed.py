@@ -44,6 +44,7 @@ from watermark_core.protocol import (
     EVENT_PROPERTY,
     HEAD_WATERMARK,
     MalformedMarker,
+    Position,
     Watermark,
     WatermarkEvent,
     decode_head,
@@ -155,6 +156,16 @@ class WatermarkFeed:
         if commands:
             self._send_acknowledgements(commands)
         return commands
+
+    def received_quietly(self, partition: int, position: Position) -> bool:
+        """`ConsumerEngine.received_quietly` under the lock."""
+        with self.lock:
+            return self.engine.received_quietly(partition, position)
+
+    def acknowledged_quietly(self, partition: int, position: Position) -> bool:
+        """`ConsumerEngine.acknowledged_quietly` under the lock."""
+        with self.lock:
+            return self.engine.acknowledged_quietly(partition, position)
 
     def report_all(self, events: list[Event]) -> list[list[Command]]:
         """`report` for many events under one lock (a batch received): the commands of each."""

@@ -304,6 +304,30 @@ class WatermarkTrust:
         state.nacked.add(position[:2])
         self._take_latest(partition)
 
+    def on_message_quietly(self, partition: int, position: Position) -> bool:
+        """`on_message` for a message that changes nothing but what is outstanding (the hot path): the
+        partition trusts, is not guarded, and the message comes after the held event. False, and nothing
+        changed, otherwise: then call `on_message`."""
+        state = self._partitions.get(partition)
+        if state is None or state.floor is not None or state.guarded or state.nacked:
+            return False
+        entry = position[:2]
+        if state.held is not None and entry <= state.held.position:
+            return False
+        state.outstanding.add(position)
+        if state.frontier is None or entry > state.frontier:
+            state.frontier = entry
+        return True
+
+    def on_acknowledged_quietly(self, partition: int, position: Position) -> bool:
+        """`on_acknowledged` when it changes nothing but what is outstanding (the hot path): the partition
+        trusts and no event waits to be taken. False, and nothing changed, otherwise."""
+        state = self._partitions.get(partition)
+        if state is None or state.floor is not None or state.latest is not state.held:
+            return False
+        state.outstanding.discard(position)
+        return True
+
     def on_handed_over(self, partition: int, position: Position) -> None:
         """A queued copy of the message at `position` has been handed to the listener: an event held back
         for it may be taken now."""
