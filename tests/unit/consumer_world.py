@@ -307,14 +307,17 @@ class ConsumerWorld:
         assert self.watermark.event_time <= item.event_time, (self.watermark, partition, entry, item)
 
     def observe(self, watermark: Watermark | None) -> None:
-        """The application sees `watermark`: it goes back only after a move back."""
+        """The application sees `watermark`: it goes back only after a move back (which an operator's
+        reset-cursor is until the consumer holds the fold of the log where it moved to: it learns of it
+        only from what comes again)."""
         previous = self.watermark
         self.watermark = watermark
         if watermark is None:
             return
         if previous is not None and watermark.event_time < previous.event_time:
             assert self.moved_back, (previous, watermark)
-        self.moved_back = False
+        if watermark.event_time == self.fold_now():
+            self.moved_back = False  # the consumer has seen the move back: it holds the fold there now
 
     def settle(self) -> None:
         """The generator live, the other consumers gone, the application acknowledging everything, time
