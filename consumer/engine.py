@@ -27,6 +27,9 @@ from watermark_core.trust import BEFORE_ALL, Computed, Entry, PartitionTrust, Wa
 
 RECOMPUTE_WAIT_S = 30.0
 """How long a partition that moved back waits for a watermark computed before its messages, at most."""
+STALE_WINDOW_S = 1.0
+"""How long after a seek (or giving up) the generator may still publish an event it computed before it:
+a partition takes events only at or before what came since until its reader caught up after this."""
 FALLBACK_WAIT_S = 5.0
 """How long it waits when it remembers a fact of the log to fall back on (`WatermarkTrust.fallback`):
 the generator recomputes within about a second of a move back (`make bench`, seek), so a longer wait
@@ -110,11 +113,19 @@ class PartitionsChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class CaughtUp:
+    """The feed's reader has read everything published on the companion topic so far."""
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed (the engine asked for it with `WakeAt`); the time is `handle`'s `now`."""
 
 
-Event = Received | Acknowledged | NegativelyAcknowledged | Sought | WatermarkRead | HeadRead | PartitionsChanged | Tick
+Event = (
+    Received | Acknowledged | NegativelyAcknowledged | Sought | WatermarkRead | HeadRead | PartitionsChanged
+    | CaughtUp | Tick
+)  # fmt: skip
 
 
 # -- commands ---------------------------------------------------------------------------------------
@@ -205,6 +216,8 @@ class ConsumerEngine:
         self._held: dict[int, list[object]] = {}
         self._distrusted_since: dict[int, float] = {}
         self._seek_targets: dict[int, Entry] = {}
+        self._guarded_since: dict[int, float] = {}
+        """Partitions that take only events at or before what came since a seek or giving up, since when."""
         self._joining: set[int] = set()
         """Partitions added to a live topic: out of the minimum until their watermark reaches it."""
         self._delivered: Watermark | None = None
@@ -246,7 +259,7 @@ class ConsumerEngine:
             if event.partition in self.trust:
                 self.trust.on_negatively_acknowledged(event.partition, event.position)
         elif isinstance(event, Sought):
-            self._seek(event, out)
+            self._seek(event, now, out)
         elif isinstance(event, WatermarkRead):
             if self._know(event.partition):
                 self.trust.on_event(event.partition, event.position, event.event_time)
@@ -256,6 +269,11 @@ class ConsumerEngine:
         elif isinstance(event, PartitionsChanged):
             for partition in event.partitions:
                 self._know(partition)
+        elif isinstance(event, CaughtUp):
+            for partition, since in list(self._guarded_since.items()):
+                if now - since >= STALE_WINDOW_S:
+                    del self._guarded_since[partition]
+                    self.trust.on_caught_up(partition)
         else:  # Tick
             self._check_time_limits(now, out)
         self._settle(now, out, True)  # off the hot path: look at everything again
@@ -275,6 +293,21 @@ class ConsumerEngine:
         elif self._pending:
             self._hand_over(out)
         return out
+
+    def received_quietly(self, partition: int, position: Position) -> bool:
+        """`handle(Received(partition, position, token))` for a data message without a listener, when
+        its only command would be `Deliver` and nothing else would change (every partition trusts and no
+        seek target waits): True, deliver it. False, nothing changed: call `handle`."""
+        if self.listener or self._distrusted_since or self._seek_targets:
+            return False
+        return self.trust.on_message_quietly(partition, position)
+
+    def acknowledged_quietly(self, partition: int, position: Position) -> bool:
+        """`handle(Acknowledged(partition, position, token))` when its only command would be sending it:
+        True, send it. False, nothing changed: call `handle`."""
+        if self._distrusted_since or self._pending:
+            return False
+        return self.trust.on_acknowledged_quietly(partition, position)
 
     # -- inputs ---------------------------------------------------------------------------------------
 
@@ -313,7 +346,7 @@ class ConsumerEngine:
         else:
             out.append(SendAcknowledgement(token))
 
-    def _seek(self, event: Sought, out: list[Command]) -> None:
+    def _seek(self, event: Sought, now: float, out: list[Command]) -> None:
         known = self.trust.partitions
         chosen = known if event.partitions is None else [p for p in event.partitions if p in known]
         for partition in chosen:  # as the Pulsar client sends what was acknowledged before it seeks
@@ -322,6 +355,8 @@ class ConsumerEngine:
         if self._pending:  # not handed over yet: delivery starts again from the target
             self._pending = deque(item for item in self._pending if item[0] not in chosen)
         self.trust.on_seek(chosen, event.target)
+        for partition in chosen:
+            self._guarded_since[partition] = now
         if event.skips_target and event.target is not None and len(chosen) == 1:
             self._seek_targets[chosen[0]] = event.target
 
@@ -336,6 +371,7 @@ class ConsumerEngine:
         for partition in late:
             floor = self.trust.state(partition).floor
             self.trust.give_up(partition)
+            self._guarded_since[partition] = now
             self.gave_up += 1
             out.extend(SendAcknowledgement(token) for token in self._held.pop(partition, []))
             waited = now - self._distrusted_since.pop(partition)
@@ -395,6 +431,7 @@ __all__ = [
     "BEFORE_ALL",
     "NO_WATERMARK",
     "Acknowledged",
+    "CaughtUp",
     "Command",
     "ConsumerEngine",
     "Deliver",

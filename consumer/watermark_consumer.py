@@ -159,6 +159,19 @@ class WatermarkConsumer:
         partition = self._feed.partition_of(msg_id.partition())
         return partition, position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
 
+    def _received_quietly(self, message: pulsar.Message) -> bool:
+        """A data message the engine delivers with nothing else to do (`ConsumerEngine.received_quietly`);
+        False: nothing changed, `_received` it."""
+        raw = message._message
+        if MARKER_PROPERTY in raw.properties():
+            return False
+        msg_id = raw.message_id()
+        index = msg_id.partition()
+        partition = self._feed.partition_of(index) if index < 0 else index
+        position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+        self._last = (message, (partition, position))
+        return self._feed.received_quietly(partition, position)
+
     def _received(self, message: pulsar.Message) -> list[Command]:
         """Tell the engine a message arrived; count a marker (the engine skips and acknowledges it)."""
         properties = message._message.properties()  # the client's own call, one Python frame less
@@ -208,6 +221,11 @@ class WatermarkConsumer:
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
         while True:
             message = self._receive_before(deadline)
+            if self._received_quietly(message):
+                current = self._feed.engine.current
+                if current is not None:
+                    self._note_lateness(message, current)
+                return message
             for command in self._received(message):
                 if type(command) is Deliver:
                     current = self._feed.engine.current
@@ -311,7 +329,10 @@ class WatermarkConsumer:
         """Acknowledge a message or message id; held back while it would let the subscription pass a
         position it moved back to before the watermark recomputed there has arrived (then sent)."""
         partition, position = self._position(message)
-        self._feed.report(Acknowledged(partition, position, functools.partial(self._send_acknowledgement, message)))
+        if self._feed.acknowledged_quietly(partition, position):
+            self._send_acknowledgement(message)
+        else:
+            self._feed.report(Acknowledged(partition, position, functools.partial(self._send_acknowledgement, message)))
 
     def _send_acknowledgement(self, message: Any) -> None:
         if self._subscribed.is_set():  # the hot path: no seek is replacing the consumer

@@ -26,6 +26,7 @@ import pulsar
 from consumer.engine import (
     FALLBACK_WAIT_S,
     RECOMPUTE_WAIT_S,
+    CaughtUp,
     Command,
     ConsumerEngine,
     Event,
@@ -43,6 +44,7 @@ from watermark_core.protocol import (
     EVENT_PROPERTY,
     HEAD_WATERMARK,
     MalformedMarker,
+    Position,
     Watermark,
     WatermarkEvent,
     decode_head,
@@ -155,6 +157,16 @@ class WatermarkFeed:
             self._send_acknowledgements(commands)
         return commands
 
+    def received_quietly(self, partition: int, position: Position) -> bool:
+        """`ConsumerEngine.received_quietly` under the lock."""
+        with self.lock:
+            return self.engine.received_quietly(partition, position)
+
+    def acknowledged_quietly(self, partition: int, position: Position) -> bool:
+        """`ConsumerEngine.acknowledged_quietly` under the lock."""
+        with self.lock:
+            return self.engine.acknowledged_quietly(partition, position)
+
     def report_all(self, events: list[Event]) -> list[list[Command]]:
         """`report` for many events under one lock (a batch received): the commands of each."""
         with self.lock:
@@ -250,6 +262,7 @@ class WatermarkFeed:
             try:
                 message = self._reader.read_next(timeout_millis=200)
             except pulsar.Timeout:
+                self._feed(CaughtUp())  # nothing more published: events from before a seek are all read
                 continue
             except pulsar.AlreadyClosed:
                 return

@@ -35,7 +35,9 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   later event the first message contradicts distrusts from that message, as in `on_event`). A seek to
   the start (`BEFORE_ALL`) needs no wait: the fold there is no watermark, a fact;
 - **negative acknowledgements**: a nacked message is not outstanding any more (it may go to another
-  consumer, or to a dead-letter topic); if it comes back it is received again;
+  consumer, or to a dead-letter topic); if it comes back it is received again. Until then (or until an
+  event computed after it says it was acknowledged elsewhere) no fact at or after it is fallen back
+  on or taken while guarded;
 - **facts**: every event read, and every head event (`on_fact`: the watermark at a position of the
   log, which the generator publishes as it reads), says what the fold of the log is at its
   position; that stays true whatever the subscription does later (contract section 1: a pure
@@ -47,11 +49,13 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   before the `frontier` (the latest entry delivered since the move back: everything after it may
   still come) and not after the latest event (a fact beyond what the subscription was last seen at
   would only distrust the messages still to come). Without one, the partition's watermark is
-  withdrawn. Then (`guarded`) it takes an event only at or before the frontier, as soon as nothing
-  contradicts it: an event read now may have been computed before the move back, and one beyond
-  what came since would stand over entries still to come (issue 25, case 1). This is what ends the
-  wait in a Shared subscription where another consumer acknowledged its copy of a message this one
-  holds: the generator never computes a watermark before that message again (chaos seed 214393).
+  withdrawn. Then (`guarded`, as after every seek) it takes an event only at or before the frontier
+  and not before the fact it holds, as soon as nothing contradicts it: an event read now may have
+  been computed before the move back, and one beyond what came since would stand over entries still
+  to come (issue 25, case 1). `on_caught_up` (the reader has read everything published since) ends
+  it. This is what ends the wait in a Shared subscription where another consumer acknowledged its
+  copy of a message this one holds: the generator never computes a watermark before that message
+  again (chaos seed 214393).
   Callers log it.
 
 Partitioned topics: a consumer's watermark is the minimum over partitions. `watermark()` is the
@@ -124,6 +128,9 @@ class PartitionTrust:
     """While distrusting, the earliest entry to protect; None while trusting."""
     provisional: bool = False
     """The floor is a seek's target: the first message after the seek replaces it."""
+    nacked: set[Entry] = field(default_factory=set)
+    """Entries negatively acknowledged and not received again: no fact at or after one stands for it while
+    guarded or falling back (a generator's event at or after one says another consumer acknowledged it)."""
     outstanding: set[Position] = field(default_factory=set)
     """Messages received and not acknowledged: no accepted event may be computed at or after them."""
     queued: dict[Position, int] = field(default_factory=dict)
@@ -132,11 +139,11 @@ class PartitionTrust:
     facts: deque[Computed] = field(default_factory=lambda: deque(maxlen=FACTS_KEPT))
     """The last events and head events read: what the log's fold is at their positions (see `give_up`)."""
     frontier: Entry | None = None
-    """The latest entry delivered since the last move back (a seek's known target before the first one):
-    everything after it may still come, so no fact beyond it may stand (see `give_up`)."""
+    """The latest entry delivered since the last move back (just before a seek's known target before the
+    first one): everything after it may still come, so no fact beyond it may stand (see `give_up`)."""
     guarded: bool = False
-    """After `give_up` or a seek to the start: events read may have been computed before the move back
-    (the companion topic's reader lags), so one is taken only at or before the frontier."""
+    """After a seek or `give_up`: events read may have been computed before the move back (the companion
+    topic's reader lags), so one is taken only at or before the frontier, until `on_caught_up`."""
     joining: Computed | None = None
     """Added to a live topic: counts in the minimum with this (the minimum when it was added) until its own
     watermark reaches it, so the watermark neither goes back nor passes it (see `add_partition`)."""
@@ -153,12 +160,14 @@ class PartitionTrust:
 
     def accepts(self, position: Entry) -> bool:
         """Whether an event computed at `position` is before everything this partition protects."""
-        if self.floor is not None and position >= self.floor:
-            return False
-        if self.guarded and (
+        if self.floor is not None:
+            if position >= self.floor:
+                return False
+        elif self.guarded and (
             self.frontier is None
             or position > self.frontier
             or (self.held is not None and position < self.held.position)
+            or (self.nacked and position >= min(self.nacked))
         ):
             return False  # beyond what came since the move back, or older than the fact held: read late
         low, queued = self.lowest_outstanding(), self.lowest_queued()
@@ -232,6 +241,8 @@ class WatermarkTrust:
         if queued is not None and event.position >= queued:
             return Outcome.DEFERRED  # `latest`: taken when the copies before it have been handed over
         state.held = event
+        if state.nacked:  # computed after them: acknowledged elsewhere (another consumer, a dead-letter topic)
+            state.nacked = {e for e in state.nacked if e > event.position}
         self._join(partition)
         return Outcome.ACCEPTED
 
@@ -244,6 +255,8 @@ class WatermarkTrust:
         `queued`: it waits to be handed to a listener (then `on_handed_over`)."""
         state = self._partitions[partition]
         state.outstanding.add(position)
+        if state.nacked:
+            state.nacked.discard(position[:2])
         if queued:
             state.queued[position] = state.queued.get(position, 0) + 1
         entry = position[:2]
@@ -273,13 +286,47 @@ class WatermarkTrust:
         elif state.guarded and state.latest is not state.held:
             self._take_latest(partition)  # the frontier passed it
 
+    def on_caught_up(self, partition: int) -> None:
+        """Every event published before the partition's last seek or `give_up` has been read: events are
+        taken wherever they were computed again (the latest one at once, if nothing contradicts it)."""
+        state = self._partitions[partition]
+        if state.guarded:
+            state.guarded = False
+            if state.floor is None:
+                self._take_latest(partition)
+
     def on_negatively_acknowledged(self, partition: int, position: Position) -> None:
         """The application negatively acknowledged a message: it is not this consumer's any more (the broker
         delivers it again, maybe to another consumer of a Shared subscription that acknowledges it, maybe to
         a dead-letter topic); if it comes here again, it is received again."""
         state = self._partitions[partition]
         state.outstanding.discard(position)
+        state.nacked.add(position[:2])
         self._take_latest(partition)
+
+    def on_message_quietly(self, partition: int, position: Position) -> bool:
+        """`on_message` for a message that changes nothing but what is outstanding (the hot path): the
+        partition trusts, is not guarded, and the message comes after the held event. False, and nothing
+        changed, otherwise: then call `on_message`."""
+        state = self._partitions.get(partition)
+        if state is None or state.floor is not None or state.guarded or state.nacked:
+            return False
+        entry = position[:2]
+        if state.held is not None and entry <= state.held.position:
+            return False
+        state.outstanding.add(position)
+        if state.frontier is None or entry > state.frontier:
+            state.frontier = entry
+        return True
+
+    def on_acknowledged_quietly(self, partition: int, position: Position) -> bool:
+        """`on_acknowledged` when it changes nothing but what is outstanding (the hot path): the partition
+        trusts and no event waits to be taken. False, and nothing changed, otherwise."""
+        state = self._partitions.get(partition)
+        if state is None or state.floor is not None or state.latest is not state.held:
+            return False
+        state.outstanding.discard(position)
+        return True
 
     def on_handed_over(self, partition: int, position: Position) -> None:
         """A queued copy of the message at `position` has been handed to the listener: an event held back
@@ -304,6 +351,7 @@ class WatermarkTrust:
         """A cumulative acknowledgement up to `position`; True: hold it back for now (it covers the floor)."""
         state = self._partitions[partition]
         state.outstanding = {p for p in state.outstanding if p > position}
+        state.nacked = {e for e in state.nacked if e > position[:2]}
         hold = state.floor is not None and state.floor <= position[:2]
         self._take_latest(partition)  # an event held back for it, or refused while distrusting
         return hold
@@ -319,8 +367,10 @@ class WatermarkTrust:
         """
         for partition in partitions:
             state = self._partitions[partition]
-            state.outstanding, state.queued = set(), {}
-            state.frontier, state.joining = target, None
+            state.outstanding, state.queued, state.nacked = set(), {}, set()
+            # What comes next starts at the target (delivered again, even when skipped): before it.
+            state.frontier = None if target is None else (target[0], target[1] - 1)
+            state.joining, state.guarded = None, True
             if target is not None and target <= BEFORE_ALL:
                 # To the start: the fold there is no watermark, a fact. Events read from now on may
                 # still be from before the seek: only one at or before what came again is taken.
@@ -375,7 +425,8 @@ class WatermarkTrust:
         its latest event (see `give_up`); None if there is none."""
         if state.frontier is None:
             return None  # nothing delivered since the move back: everything after it may come
-        limits = [e for e in (state.lowest_outstanding(), state.lowest_queued()) if e is not None]
+        nacked = min(state.nacked) if state.nacked else None
+        limits = [e for e in (state.lowest_outstanding(), state.lowest_queued(), nacked) if e is not None]
         known = [*state.facts, state.held] if state.held is not None else list(state.facts)
         candidates = [
             fact for fact in known
@@ -398,7 +449,7 @@ class WatermarkTrust:
         state = self._partitions[partition]
         if state.latest is None or state.latest is state.held or not state.accepts(state.latest.position):
             return False
-        state.held, state.floor, state.provisional, state.guarded = state.latest, None, False, False
+        state.held, state.floor, state.provisional = state.latest, None, False
         self._regained.add(partition)
         self._join(partition)
         return True

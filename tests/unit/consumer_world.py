@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from consumer.engine import (
     Acknowledged,
+    CaughtUp,
     ConsumerEngine,
     Deliver,
     Event,
@@ -161,6 +162,12 @@ class ConsumerWorld:
             state.others.add(entry)
             return
         state.ours.add(entry)
+        if not state.log[entry].marker and self.engine.received_quietly(partition, at(entry)):
+            self.check_hand_over(partition, entry)  # the shell's hot path: delivered, nothing else
+            self.handed.append((partition, entry))
+            self.observe(self.engine.current)
+            self.check_still_to_come()
+            return
         self.send(Received(partition, at(entry), (partition, entry), marker=state.log[entry].marker))
 
     def ack(self, index: int, cumulative: bool = False) -> None:
@@ -169,6 +176,11 @@ class ConsumerWorld:
         partition, entry = self.handed.pop(index % len(self.handed))
         if cumulative:
             self.handed = [(p, e) for p, e in self.handed if p != partition or e > entry]
+        elif self.engine.acknowledged_quietly(partition, at(entry)):  # the shell's hot path
+            self.broker_ack(partition, entry, False)
+            self.observe(self.engine.current)
+            self.check_still_to_come()
+            return
         self.send(Acknowledged(partition, at(entry), (partition, entry, cumulative), cumulative=cumulative))
 
     def nack(self, index: int) -> None:
@@ -190,6 +202,14 @@ class ConsumerWorld:
         state = self.partitions[partition]
         if entry in state.ours and entry not in state.acked:
             state.redeliver.add(entry)
+
+    def copy_acknowledged_elsewhere(self, index: int) -> None:
+        """A message the application holds was redelivered to another consumer (its acknowledgement timed
+        out), which acknowledged it: the subscription moves on past a message this consumer still holds."""
+        if not self.handed:
+            return
+        partition, entry = self.handed[index % len(self.handed)]
+        self.partitions[partition].acked.add(entry)
 
     def other(self, partition: int, index: int, acknowledge: bool) -> None:
         state = self.partitions[partition]
@@ -240,6 +260,11 @@ class ConsumerWorld:
         for _ in range(min(count, len(self.channel))):
             self.send(self.channel.popleft())
 
+    def caught_up(self) -> None:
+        """The engine's reader has read everything published (only true when the channel is empty)."""
+        if not self.channel:
+            self.send(CaughtUp())
+
     def tick(self, seconds: float) -> None:
         self.now += seconds
         self.send(Tick())
@@ -282,14 +307,17 @@ class ConsumerWorld:
         assert self.watermark.event_time <= item.event_time, (self.watermark, partition, entry, item)
 
     def observe(self, watermark: Watermark | None) -> None:
-        """The application sees `watermark`: it goes back only after a move back."""
+        """The application sees `watermark`: it goes back only after a move back (which an operator's
+        reset-cursor is until the consumer holds the fold of the log where it moved to: it learns of it
+        only from what comes again)."""
         previous = self.watermark
         self.watermark = watermark
         if watermark is None:
             return
         if previous is not None and watermark.event_time < previous.event_time:
             assert self.moved_back, (previous, watermark)
-        self.moved_back = False
+        if watermark.event_time == self.fold_now():
+            self.moved_back = False  # the consumer has seen the move back: it holds the fold there now
 
     def settle(self) -> None:
         """The generator live, the other consumers gone, the application acknowledging everything, time
@@ -307,6 +335,7 @@ class ConsumerWorld:
             self.generator_poll()
             self.read_events(len(self.channel))
             self.tick(31)
+            self.caught_up()
         assert all(s.read >= len(s.log) and not s.redeliver and not s.ours for s in self.partitions.values())
 
     def fold_now(self) -> int | None:

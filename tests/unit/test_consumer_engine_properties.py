@@ -49,12 +49,14 @@ actions = st.lists(
         st.tuples(st.just("ack_cumulative"), st.integers(0, 20)),
         st.tuples(st.just("nack"), st.integers(0, 20)),
         st.tuples(st.just("ack_timeout"), st.integers(0, 20)),
+        st.tuples(st.just("copy_acknowledged_elsewhere"), st.integers(0, 20)),
         st.tuples(st.just("other_take"), st.integers(0, 3), st.integers(1, 3)),
         st.tuples(st.just("other_ack"), st.integers(0, 3), st.integers(0, 5)),
         st.tuples(st.just("other_give_back"), st.integers(0, 3), st.integers(0, 5)),
         st.tuples(st.just("seek"), st.integers(0, 3), st.integers(-1, 30), st.sampled_from(SEEKS)),
         st.tuples(st.just("poll")),
         st.tuples(st.just("poll")),
+        st.tuples(st.just("caught_up")),
         st.tuples(st.just("read"), st.integers(1, 5)),
         st.tuples(st.just("read"), st.integers(1, 5)),
         st.tuples(st.just("tick"), st.sampled_from((0.5, 2.0, 6.0, 31.0))),
@@ -77,6 +79,8 @@ def play(world: ConsumerWorld, script: list[tuple[object, ...]], new_log: list[E
                 world.ack(int(args[0]))  # type: ignore[call-overload]
         elif action == "ack_cumulative":
             world.ack(int(args[0]), cumulative=True)  # type: ignore[call-overload]
+        elif action == "copy_acknowledged_elsewhere":
+            world.copy_acknowledged_elsewhere(int(args[0]))  # type: ignore[call-overload]
         elif action == "ack_timeout":
             world.ack_timeout(int(args[0]))  # type: ignore[call-overload]
         elif action == "nack":
@@ -88,6 +92,8 @@ def play(world: ConsumerWorld, script: list[tuple[object, ...]], new_log: list[E
             world.other(partitions(args[0]), int(args[1]), acknowledge=action == "other_ack")  # type: ignore[call-overload]
         elif action == "seek":
             world.seek(partitions(args[0]), int(args[1]), str(args[2]))  # type: ignore[call-overload]
+        elif action == "caught_up":
+            world.caught_up()
         elif action == "poll":
             world.generator_poll()
         elif action == "read":
