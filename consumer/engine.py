@@ -152,6 +152,9 @@ class HandWatermark:
 
     watermark: Watermark
     withdrawn: bool = False
+    restated: bool = False
+    """The value the listener holds, recomputed at other positions (after a move back): the shell holds this
+    one (`get_last_watermark().computed_at`) without calling the listener, which gets each value once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,6 +426,8 @@ class ConsumerEngine:
         previous, self._delivered = self._delivered, new
         self.current = new
         if new == previous:
+            if new is not None and previous is not None and new.computed_at != previous.computed_at:
+                out.append(HandWatermark(new, restated=True))
             return
         out.append(HandWatermark(NO_WATERMARK, withdrawn=True) if new is None else HandWatermark(new))
 

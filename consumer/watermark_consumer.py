@@ -312,6 +312,8 @@ class WatermarkConsumer:
             try:
                 if isinstance(item, HandWatermark):
                     self._handed = None if item.withdrawn else item.watermark
+                    if item.restated:
+                        continue
                     if item.withdrawn:
                         self._listener.watermark_withdrawn(self)
                     else:
