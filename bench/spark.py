@@ -424,8 +424,9 @@ def sink_exactly_once_vs_at_least_once(
         "sink_exactly_once_vs_at_least_once_rate_how": (
             f"{SINK_MESSAGES} messages of 100 B on a 2-partition topic, read to the end (Trigger.AvailableNow, "
             "local[2]) and written to a fresh non-partitioned topic by the pulsar-watermark sink; rows/s from "
-            "the query's start to its end, exactly once (deduplication on, sorted rows, sequence ids) over at "
-            f"least once (deduplication off); median of {SINK_ROUNDS} interleaved rounds each, after an untimed "
+            "the query's start to its end, exactly once (deduplication on, sorted rows, sequence ids, one row per "
+            "entry) over at least once (deduplication off, client batching); median of "
+            f"{SINK_ROUNDS} interleaved rounds each, after an untimed "
             "warm-up query"
         ),
         "sink_exactly_once_rows_per_s": round(exactly),
