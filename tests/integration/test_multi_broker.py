@@ -247,11 +247,10 @@ def test_a_broker_killed_mid_stream_while_the_others_serve(
         stop.set()
         thread.join(timeout=10)
         cluster.start_broker(victim)
-    # a move closes the topic on its broker: acknowledgements still in the client's batch are lost and
-    # Pulsar redelivers those messages (at least once); each copy is checked against the watermark held
     assert set(checker.messages()) == {f"m{i}".encode() for i in range(count)}
     assert checker.violations == []
-    test_generator.assert_monotonic(watermarks(checker))
+    # no monotonic check: a kill -9 loses the acknowledgements the broker had not persisted, the
+    # subscription's mark-delete position goes back, and the watermark is recomputed there (a move back)
     consumer.close()
     producer.close()
     client.close()
