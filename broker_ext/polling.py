@@ -62,8 +62,9 @@ log = logging.getLogger(__name__)
 BACKOFF = 1.5
 WATCH_AFTER_S = 0.25
 """Where the broker's metrics show the topic, its fast poll hands over to the ack watch beyond this interval."""
-LATE_S = 0.5
-"""A partition whose cursors were last found moved this long after a marker read acknowledges late."""
+LATE_S = 2.0
+"""A partition whose cursors were last found moved this long after a marker read acknowledges late (the watch
+finds an acknowledgement within about a second: later than that, fast reads would have found nothing)."""
 PROBE_EVERY = 4
 """On a partition that acknowledges late, one marker in this many still gets fast polls: it may be prompt again."""
 FULL_SWEEP_PERIODS = 10
