@@ -62,8 +62,9 @@ log = logging.getLogger(__name__)
 BACKOFF = 1.5
 WATCH_AFTER_S = 0.25
 """Where the broker's metrics show the topic, its fast poll hands over to the ack watch beyond this interval."""
-LATE_S = 0.5
-"""A partition whose cursors were last found moved this long after a marker read acknowledges late."""
+LATE_S = 2.0
+"""A partition whose cursors were last found moved this long after a marker read acknowledges late (the watch
+finds an acknowledgement within about a second: later than that, fast reads would have found nothing)."""
 PROBE_EVERY = 4
 """On a partition that acknowledges late, one marker in this many still gets fast polls: it may be prompt again."""
 FULL_SWEEP_PERIODS = 10
@@ -282,7 +283,7 @@ class CursorPoller:
             self.loop.call_at(when, "ack-watch", self._scrape)
 
     def _scrape(self) -> None:
-        """Read the broker's metrics on the pool: the mark-delete times of the followed topics it serves."""
+        """Read the broker's metrics on the scrape thread: the mark-delete times of the followed topics it serves."""
         if self.watch is None or not self.watch.watched or self._scraping:
             return
         self._scraping = True
@@ -293,8 +294,8 @@ class CursorPoller:
             try:
                 self._count("metrics")
                 times = mark_delete_times(self.admin.broker_metrics(), followed.__contains__)
-            except AdminError as exc:
-                failure = exc
+            except Exception as exc:  # whatever it is, the watch must not stay stuck in a scrape
+                failure = exc if isinstance(exc, AdminError) else AdminError(f"{type(exc).__name__}: {exc}")
                 self.loop.post(lambda: self._scrape_failed(started, failure))
                 return
             self.loop.post(lambda: self._scraped(started, times))
