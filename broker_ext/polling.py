@@ -283,17 +283,20 @@ class CursorPoller:
             self.loop.call_at(when, "ack-watch", self._scrape)
 
     def _scrape(self) -> None:
-        """Read the broker's metrics on the scrape thread: the mark-delete times of the followed topics it serves."""
+        """Read the brokers' metrics on the scrape thread: the mark-delete times of the followed topics they serve."""
         if self.watch is None or not self.watch.watched or self._scraping:
             return
         self._scraping = True
         followed = frozenset(self._followed)
+        watched = list(self.watch.watched)
 
         def work() -> None:
             started = time.time()
             try:
-                self._count("metrics")
-                times = mark_delete_times(self.admin.broker_metrics(), followed.__contains__)
+                times: dict[str, dict[str, int]] = {}
+                for body in self.admin.owners_metrics(watched):  # one read per broker that serves a watched topic
+                    self._count("metrics")
+                    times.update(mark_delete_times(body, followed.__contains__))
             except Exception as exc:  # whatever it is, the watch must not stay stuck in a scrape
                 failure = exc if isinstance(exc, AdminError) else AdminError(f"{type(exc).__name__}: {exc}")
                 self.loop.post(lambda: self._scrape_failed(started, failure))

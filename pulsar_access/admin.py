@@ -9,7 +9,7 @@ from __future__ import annotations
 import http.client
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode, urljoin, urlsplit
 
@@ -456,12 +456,22 @@ class PulsarAdmin:
         """`pulsar-admin topics set-deduplication TOPIC --enable` (a topic-level policy; the topic must exist)."""
         self._call("POST", f"{TopicName.parse(topic).rest_path}/deduplicationEnabled", json=enabled)
 
-    def broker_metrics(self) -> bytes:
-        """The Prometheus text of the broker at the admin URL (`/metrics/`): every topic it serves, megabytes.
+    def owners_metrics(self, topics: Iterable[str]) -> list[bytes]:
+        """The Prometheus text of every broker that owns one of `topics` as far as this client knows (the broker
+        its last call about the topic was answered by; the admin URL in use for a topic not asked about yet).
+
+        On a cluster each broker lists only the topics it serves: one read per owning broker.
+        """
+        origins = {self._owners.get(_topic_key(TopicName.parse(topic).rest_path), self.base_url) for topic in topics}
+        return [self.broker_metrics(origin) for origin in sorted(origins or {self.base_url})]
+
+    def broker_metrics(self, base_url: str | None = None) -> bytes:
+        """The Prometheus text of one broker (`/metrics/`; default: the admin URL in use): every topic it serves,
+        megabytes.
 
         The generator reads each subscription's last mark-delete advance from it (broker_ext/ack_watch.py).
         """
-        url = f"{self.base_url}/metrics/"
+        url = f"{base_url or self.base_url}/metrics/"
         try:
             # uncompressed: compressing megabytes for each call doubled the broker's CPU (docs/DECISIONS.md, issue 27)
             response = self._http.get(url, timeout=self.timeout_s,

@@ -118,3 +118,13 @@ def test_redirect_loops_end_with_a_clear_error(brokers: tuple[_Broker, _Broker])
     first.owned = second.owned = set()
     with pytest.raises(AdminError, match="redirects"):
         PulsarAdmin(PulsarSettings(admin_url=first.url)).brief_stats("persistent://public/default/b")
+
+
+def test_metrics_are_read_from_every_broker_that_owns_a_topic_asked_about(brokers: tuple[_Broker, _Broker]) -> None:
+    """On a cluster each broker's /metrics lists only its own topics (the generator's ack watch reads them)."""
+    first, second = brokers
+    admin = PulsarAdmin(PulsarSettings(admin_url=first.url))
+    assert [json.loads(b)["served_by"] for b in admin.owners_metrics(["persistent://public/default/b"])] == [first.url]
+    admin.fast_internal_stats("persistent://public/default/b")  # redirected: the owner is known from now on
+    bodies = admin.owners_metrics(["persistent://public/default/a", "persistent://public/default/b"])
+    assert sorted(json.loads(b)["served_by"] for b in bodies) == sorted([first.url, second.url])
