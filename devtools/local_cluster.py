@@ -53,6 +53,25 @@ WATERMARK_COMPACTION_THRESHOLD_BYTES = 256 * 1024
 """The broker compacts a companion topic itself past this backlog (the generator's role may not ask it to)."""
 
 
+BROKER_SETTINGS = {
+    "managedLedgerDefaultEnsembleSize": "1",
+    "managedLedgerDefaultWriteQuorum": "1",
+    "managedLedgerDefaultAckQuorum": "1",
+    "allowAutoTopicCreation": "true",
+    "allowAutoTopicCreationType": "non-partitioned",
+    "brokerDeleteInactiveTopicsEnabled": "false",
+    "systemTopicEnabled": "true",
+    "topicLevelPoliciesEnabled": "true",
+    "functionsWorkerEnabled": "false",
+    "transactionCoordinatorEnabled": "false",
+    "webSocketServiceEnabled": "false",
+    "exposeTopicLevelMetricsInPrometheus": "true",
+    "brokerShutdownTimeoutMs": "5000",
+}
+"""What every local broker sets, standalone or in a cluster: one bookie's quorums, topics created on use
+and kept, no functions, transactions or websocket, per-topic metrics, a quick shutdown."""
+
+
 class ClusterError(RuntimeError):
     """Something stops the local cluster; the message is one line that says what to do."""
 
@@ -266,19 +285,7 @@ class LocalCluster:
             "advertisedAddress": "127.0.0.1",
             "brokerServicePort": str(self.broker_port),
             "webServicePort": str(self.web_port),
-            "managedLedgerDefaultEnsembleSize": "1",
-            "managedLedgerDefaultWriteQuorum": "1",
-            "managedLedgerDefaultAckQuorum": "1",
-            "allowAutoTopicCreation": "true",
-            "allowAutoTopicCreationType": "non-partitioned",
-            "brokerDeleteInactiveTopicsEnabled": "false",
-            "systemTopicEnabled": "true",
-            "topicLevelPoliciesEnabled": "true",
-            "functionsWorkerEnabled": "false",
-            "transactionCoordinatorEnabled": "false",
-            "webSocketServiceEnabled": "false",
-            "exposeTopicLevelMetricsInPrometheus": "true",
-            "brokerShutdownTimeoutMs": "5000",
+            **BROKER_SETTINGS,
             "loadBalancerEnabled": "false",
             "managedLedgerCacheSizeMB": "128",
             "dbStorage_writeCacheMaxSizeMb": "64",
