@@ -66,7 +66,7 @@ def topic_move_gaps(cluster: MultiBrokerCluster, admin: PulsarAdmin, moves: int 
     try:
         for move in range(moves):
             time.sleep(STEADY_S)
-            owner = cluster.index_of(admin.owner(topic))
+            owner = cluster.owner_index(admin, topic)
             moved_at = time.monotonic()
             cluster.move_topic(admin, topic, (owner + 1) % len(cluster.ports))
             deadline = moved_at + 60

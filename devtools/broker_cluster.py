@@ -353,10 +353,10 @@ class MultiBrokerCluster:
 
     def move_topic(self, admin: PulsarAdmin, topic: str, to: int, timeout_s: float = 60.0) -> float:
         """Unload `topic`'s bundle with broker `to` as its destination, retried as an operator would (a bundle
-        just moved may still be in transit); seconds until `to` owns it."""
+        just moved may still be in transit, and a lookup meanwhile may fail); seconds until `to` owns it."""
         started = time.monotonic()
         target = self.ports[to]
-        while admin.owner(topic) != target.admin_url:
+        while self.owner(admin, topic) != target.admin_url:
             if time.monotonic() - started > timeout_s:
                 raise ClusterError(f"{topic} did not move to broker {to} within {timeout_s:.0f} s")
             try:
@@ -366,13 +366,26 @@ class MultiBrokerCluster:
                 time.sleep(1)
                 continue
             deadline = time.monotonic() + 5
-            while admin.owner(topic) != target.admin_url and time.monotonic() < deadline:
+            while self.owner(admin, topic) != target.admin_url and time.monotonic() < deadline:
                 time.sleep(0.05)
         return time.monotonic() - started
 
-    def index_of(self, admin_url: str) -> int:
-        """The index of the broker whose web service is at `admin_url`."""
-        return next(i for i, p in enumerate(self.ports) if p.admin_url == admin_url)
+    @staticmethod
+    def owner(admin: PulsarAdmin, topic: str) -> str | None:
+        """The owner's admin URL, None while no broker has it (a bundle in transit answers lookups with 500)."""
+        try:
+            return admin.owner(topic)
+        except AdminError:
+            return None
+
+    def owner_index(self, admin: PulsarAdmin, topic: str, timeout_s: float = 30.0) -> int:
+        """The index of the broker that owns `topic`, waiting while its bundle is in transit."""
+        deadline = time.monotonic() + timeout_s
+        while (owner := self.owner(admin, topic)) is None:
+            if time.monotonic() > deadline:
+                raise ClusterError(f"no broker owns {topic} after {timeout_s:.0f} s")
+            time.sleep(0.1)
+        return next(i for i, p in enumerate(self.ports) if p.admin_url == owner)
 
     # -- faults and stopping -------------------------------------------------------------------------
 

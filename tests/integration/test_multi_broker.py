@@ -68,7 +68,7 @@ def multi_admin(settings: PulsarSettings) -> Iterator[PulsarAdmin]:
 
 def owned_elsewhere(cluster: MultiBrokerCluster, admin: PulsarAdmin, topic: str, avoid: set[int]) -> int:
     """Move `topic`'s bundle to a broker whose index is not in `avoid`; its index."""
-    owner = cluster.index_of(admin.owner(topic))
+    owner = cluster.owner_index(admin, topic)
     to = next(i for i in range(len(cluster.ports)) if i not in avoid and i != owner)
     cluster.move_topic(admin, topic, to)
     return to
@@ -236,8 +236,8 @@ def test_a_broker_killed_mid_stream_while_the_others_serve(
         wait_until(lambda: len(watermarks(checker)) >= 2, timeout_s=30, what="watermarks before the kill")
         cluster.kill_broker(victim)
         killed_at = time.monotonic()
-        wait_until(lambda: multi_admin.owner(topic) != cluster.ports[victim].admin_url, timeout_s=60,
-                   what="another broker to own the topic")  # fmt: skip
+        wait_until(lambda: cluster.owner(multi_admin, topic) not in (None, cluster.ports[victim].admin_url),
+                   timeout_s=60, what="another broker to own the topic")  # fmt: skip
         thread.join(timeout=180)
         wait_until(lambda: (watermarks(checker) or [0])[-1] == 1_000_000 + count, timeout_s=90,
                    what="the final watermark after the kill")  # fmt: skip
