@@ -24,20 +24,25 @@ from broker_ext.engine.recovery import BEFORE_EVERYTHING
 from broker_ext.engine.vocabulary import (
     AcknowledgeUpTo,
     BrokenAssertion,
+    ClaimIncarnation,
     Command,
     CursorsPolled,
     EntryRead,
     Event,
     HeadWatermark,
+    IncarnationClaimed,
+    IncarnationRead,
     MarkerFolded,
     OwnershipLost,
     PollCursors,
     PublishTable,
     RangeRead,
+    ReadIncarnation,
     ReadLag,
     ReadMarkerAt,
     ReadRange,
     RebuildRefused,
+    Restart,
     SnapshotFailed,
     SnapshotWritten,
     SubscriptionRemoved,
@@ -50,10 +55,11 @@ from broker_ext.metrics import GeneratorMetrics
 from broker_ext.ownership import consumer_name, instance_of
 from broker_ext.polling import CursorPoller, PollState
 from broker_ext.reads import message_position, read_marker_at, read_range
-from pulsar_access.admin import PulsarAdmin
+from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound
 from pulsar_access.topics import base_topic_and_partition
 from watermark_core.protocol import (
     GENERATOR_SUBSCRIPTION,
+    INCARNATION_PROPERTY,
     MARKER_PROPERTY,
     SNAPSHOT_PRODUCER_PREFIX,
     MalformedMarker,
@@ -68,6 +74,7 @@ from watermark_core.snapshot import encode_snapshot
 log = logging.getLogger(__name__)
 
 RECEIVER_QUEUE = 1_000
+INCARNATION_RETRY_S = 1.0
 
 
 @dataclass
@@ -251,9 +258,15 @@ class PartitionIO:
             if command.watermark is not None:
                 # The watermark at this position of the log, for readers that need it before any
                 # subscription has acknowledged there (the Spark source); tables go out as before.
-                self.ctx.dispatcher.publish_head(
-                    HeadEvent(self.base_topic, self.partition, command.position[:2], command.watermark)
-                )
+                self.ctx.dispatcher.publish_head(HeadEvent(
+                    self.base_topic, self.partition, command.position[:2], command.watermark, command.incarnation
+                ))  # fmt: skip
+        elif isinstance(command, ReadIncarnation):
+            self.ctx.pool.submit(self._read_incarnation)
+        elif isinstance(command, ClaimIncarnation):
+            self.ctx.pool.submit(self._claim_incarnation, command.token)
+        elif isinstance(command, Restart):
+            self.close()  # discovery follows the topic anew, with a consumer and an engine of their own
         elif isinstance(command, BrokenAssertion):
             self.ctx.metrics.broken_assertions.labels(*labels, command.producer).inc()
         elif isinstance(command, UnusableSnapshot):
@@ -264,6 +277,41 @@ class PartitionIO:
             self.ctx.metrics.forget_subscription(self.base_topic, self.partition, command.name)
         elif isinstance(command, RebuildRefused):
             pass  # the engine logged it; the chaos suite keeps evidence of it
+
+    def _read_incarnation(self) -> None:
+        """The topic property naming the incarnation (on the pool); read again later while the broker is away."""
+        try:
+            token: str | None = self.ctx.admin.topic_properties(self.topic).get(INCARNATION_PROPERTY)
+        except TopicNotFound:
+            token = None  # deleted: discovery drops the partition
+        except AdminError as exc:
+            log.debug("%s: reading the topic's properties failed: %s", self.topic, exc)
+            self._later(self._read_incarnation)
+            return
+        self.ctx.loop.post(lambda: self.handle(IncarnationRead(token)))
+
+    def _claim_incarnation(self, token: str) -> None:
+        """Set the property (on the pool): a broker that says no is final, one that does not answer is asked again."""
+        try:
+            self.ctx.admin.set_topic_properties(self.topic, {INCARNATION_PROPERTY: token})
+        except AdminError as exc:
+            if exc.status is None:
+                self._later(lambda: self._claim_incarnation(token))
+                return
+            failure = str(exc)
+            self.ctx.loop.post(lambda: self.handle(IncarnationClaimed(token, False, failure)))
+            return
+        self.ctx.loop.post(lambda: self.handle(IncarnationClaimed(token, True)))
+
+    def _later(self, work: Callable[[], None]) -> None:
+        """Run `work` on the pool in a while (called from any thread), unless the partition is closed by then."""
+
+        def due() -> None:
+            if not self.closed:
+                self.ctx.pool.submit(work)
+
+        when = time.time() + INCARNATION_RETRY_S
+        self.ctx.loop.post(lambda: self.ctx.loop.call_at(when, (self.topic, "incarnation"), due))
 
     def _read(self, read: Callable[[], Event]) -> None:
         def work() -> None:
@@ -340,7 +388,10 @@ class PartitionIO:
 
         try:
             producer.send_async(
-                encode_snapshot(command.state, command.previous, keys=self.ctx.config.snapshot_keys, topic=self.topic),
+                encode_snapshot(
+                    command.state, command.previous, keys=self.ctx.config.snapshot_keys, topic=self.topic,
+                    incarnation=command.incarnation,
+                ),
                 sent,
                 properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value},
             )  # fmt: skip
@@ -362,6 +413,7 @@ class PartitionIO:
             return
         self.closed = True
         self.ctx.loop.cancel((self.topic, "tick"))
+        self.ctx.loop.cancel((self.topic, "incarnation"))
         self.ctx.poller.remove(self)
         if self._was_owner:
             self.ctx.metrics.partitions.labels("true").dec()

@@ -115,6 +115,8 @@ class GeneratorService:
         self.loop.post(lambda: self._sync(wanted))
 
     def _sync(self, wanted: set[str]) -> None:
+        for topic in [t for t, p in self.partitions.items() if p.closed]:  # restarted (a re-created topic)
+            del self.partitions[topic]
         for topic in sorted(wanted - self.partitions.keys()):
             log.info("following %s", topic)
             partition = PartitionIO(topic, self.ctx)

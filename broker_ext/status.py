@@ -2,7 +2,8 @@
 
 It reads what the generator published (the topic's compacted companion topic in the watermark
 namespace, `watermark_topic_for`) and the cursors' positions from the admin API, so it works
-whichever generator instance owns each partition.
+whichever generator instance owns each partition. Events about an earlier incarnation of the topic
+(deleted and created again under its name) are left out (pulsar_access/incarnations.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pulsar
 
 from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound, durable_subscriptions
 from pulsar_access.errors import explained
+from pulsar_access.incarnations import Incarnations
 from pulsar_access.settings import PulsarSettings
 from pulsar_access.topics import base_topic_and_partition, full_name, partition_name, watermark_topic_for
 from watermark_core.protocol import HEAD_KEY_PREFIX, MalformedMarker, WatermarkEvent, decode_table
@@ -61,6 +63,9 @@ def status_rows(settings: PulsarSettings, topic: str) -> list[dict[str, str]]:
             ) from None
         with explained(service_url=settings.service_url, topic=watermark_topic_for(name), doing="read"):
             events = latest_events(client, name)
+        # read after the events: the generator sets a token as the property before it publishes under it
+        incarnations = Incarnations(admin, reader="broker-ext status")
+        events = {key: e for key, e in events.items() if incarnations.holds(name, e.partition, e.incarnation)}
         rows = []
         for index, _ in partition_topics:
             internal, public = stats[index]

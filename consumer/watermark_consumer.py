@@ -60,7 +60,11 @@ _STOP = object()
 
 
 class WatermarkConsumer:
-    """`WatermarkConsumer(client, topic, subscription, listener=None, **subscribe_options)`."""
+    """`WatermarkConsumer(client, topic, subscription, listener=None, admin_url=None, **subscribe_options)`.
+
+    `admin_url` (default `PULSAR_ADMIN_URL`): where the topic property naming its incarnation is read, so that a
+    topic deleted and created again shows none of its old watermarks (docs/DECISIONS.md, "A re-created topic").
+    """
 
     def __init__(
         self,
@@ -71,6 +75,7 @@ class WatermarkConsumer:
         *,
         no_watermark_warning_s: float = NO_WATERMARK_WARNING_S,
         recompute_wait_s: float = RECOMPUTE_WAIT_S,
+        admin_url: str | None = None,
         **subscribe_options: Any,
     ) -> None:
         if "message_listener" in subscribe_options:
@@ -101,7 +106,7 @@ class WatermarkConsumer:
             self._feed = WatermarkFeed(
                 client, topic, subscription, lambda _current: None, recompute_wait_s=recompute_wait_s,
                 listener=listener is not None, perform=self._perform if listener is not None else None,
-                acknowledge=self._acknowledge_skipped,
+                acknowledge=self._acknowledge_skipped, admin_url=admin_url,
             )  # fmt: skip
             try:
                 if listener is not None:

@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import pulsar
 
@@ -38,7 +39,10 @@ from consumer.engine import (
     Tick,
     WatermarkRead,
 )
+from pulsar_access.admin import PulsarAdmin
 from pulsar_access.errors import explained, service_url_of
+from pulsar_access.incarnations import Incarnations
+from pulsar_access.settings import PulsarSettings
 from pulsar_access.topics import base_topic_and_partition, watermark_topic_for
 from watermark_core.protocol import (
     EVENT_PROPERTY,
@@ -95,6 +99,7 @@ class WatermarkFeed:
         listener: bool = False,
         perform: Perform | None = None,
         acknowledge: Callable[[object], None] | None = None,
+        admin_url: str | None = None,
     ) -> None:
         self.topic, own_partition = base_topic_and_partition(topic)
         self.subscription = subscription
@@ -111,6 +116,10 @@ class WatermarkFeed:
         self.lock = threading.Lock()
         """Held while the engine handles an event and its commands are queued or carried out."""
         self.malformed_events = 0
+        settings = PulsarSettings.from_env()
+        self._admin = PulsarAdmin(replace(settings, admin_url=(admin_url or settings.admin_url).rstrip("/")), 5.0)
+        self._incarnations = Incarnations(self._admin, reader=f"subscription {subscription!r} of {self.topic}")
+        """Only events about the topic's current incarnation count (a deleted topic's stay on its companion)."""
         companion = watermark_topic_for(topic)
         with explained(service_url=service_url_of(client), topic=companion, doing="read the watermarks from"):
             self._reader = client.create_reader(companion, pulsar.MessageId.earliest, is_read_compacted=True)
@@ -301,11 +310,13 @@ class WatermarkFeed:
         except MalformedMarker as exc:
             log.debug("skipping malformed head event at %s: %s", message.message_id(), exc)
             return
-        if head.topic == self.topic:
+        if head.topic == self.topic and self._incarnations.holds(self.topic, head.partition, head.incarnation):
             self._feed(HeadRead(head.partition, head.position, head.event_time))
 
     def _apply(self, event: WatermarkEvent) -> None:
         if event.subscription != self.subscription or event.topic != self.topic:
+            return
+        if not self._incarnations.holds(self.topic, event.partition, event.incarnation):
             return
         if event.partition >= 0 or not self._follow_new_partitions:
             self._feed(WatermarkRead(event.partition, event.position, event.event_time))
@@ -315,3 +326,4 @@ class WatermarkFeed:
         self._thread.join(timeout=2)
         with contextlib.suppress(pulsar.PulsarException):
             self._reader.close()
+        self._admin.close()

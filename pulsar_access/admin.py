@@ -428,6 +428,15 @@ class PulsarAdmin:
         """Close a topic on its broker; the next lookup assigns it again (maybe to the same broker)."""
         self._call("PUT", f"{TopicName.parse(topic).rest_path}/unload")
 
+    def topic_properties(self, topic: str) -> dict[str, str]:
+        """A (partition) topic's properties: kept with its managed ledger, deleted with the topic. Any role that may
+        look the topic up (produce or consume) may read them."""
+        return dict(self._get(f"{TopicName.parse(topic).rest_path}/properties") or {})
+
+    def set_topic_properties(self, topic: str, properties: dict[str, str]) -> None:
+        """Add or replace properties of a (partition) topic: a tenant admin's right (or a super user's)."""
+        self._call("PUT", f"{TopicName.parse(topic).rest_path}/properties", json=properties)
+
     def delete_topic(self, topic: str, force: bool = True) -> None:
         self._call("DELETE", TopicName.parse(topic).rest_path, params={"force": str(force).lower()})
 

@@ -548,6 +548,7 @@ class _DriverState:
 
     def __init__(self, options: SourceOptions) -> None:
         from pulsar_access.admin import PulsarAdmin
+        from pulsar_access.incarnations import Incarnations
         from spark_sink.watermarks import CompanionFollower, KnownWatermarks
 
         self.options = options
@@ -555,7 +556,9 @@ class _DriverState:
         self.admin = PulsarAdmin(self.settings)
         self.client = self.settings.client(**options.client_options)
         self.known = KnownWatermarks()
-        self.follower = CompanionFollower(self.client, self.known)
+        incarnations = Incarnations(self.admin, lambda topic, partition: self.known.reset((topic, partition)),
+                                    reader="the Spark source")  # fmt: skip
+        self.follower = CompanionFollower(self.client, self.known, incarnations)
         self.last_end: SourceOffset | None = None
         self.available_now: dict[PartitionKey, Entry | None] | None = None
         self.ledgers: dict[PartitionKey, Ledgers] = {}

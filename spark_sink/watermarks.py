@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 
 import pulsar
 
+from pulsar_access.incarnations import Incarnations
 from pulsar_access.topics import watermark_topic_for
 from spark_sink.offsets import Entry, PartitionKey
 from watermark_core.protocol import (
@@ -104,6 +105,12 @@ class KnownWatermarks:
         names them in its offsets (the query's progress) and its log."""
         return sorted(key for key, end in ends.items() if end is not None and self.at(key, end) is None)
 
+    def reset(self, key: PartitionKey) -> None:
+        """Forget every fact of a partition: they are about an incarnation of its topic that was deleted."""
+        with self._lock:
+            self._positions.pop(key, None)
+            self._values.pop(key, None)
+
     def forget_before(self, starts: Mapping[PartitionKey, Entry | None]) -> None:
         """Drop what no batch from `starts` on can need: all but the latest fact at or before each start."""
         with self._lock:
@@ -123,12 +130,15 @@ class CompanionFollower:
     head event of each partition, and everything after them follows as it is published. Companion
     topics live in the watermark namespace (`watermark_topic_for`), where only the generator may
     produce (docs/SECURITY.md); an event read there that names another data topic than the one the
-    companion belongs to is ignored. Malformed events are skipped, counted and logged once.
+    companion belongs to is ignored, and so is one about another incarnation of the topic than the one it has
+    now (`Incarnations`: a deleted topic's events stay on its companion). Malformed events are skipped, counted
+    and logged once.
     """
 
-    def __init__(self, client: pulsar.Client, known: KnownWatermarks) -> None:
+    def __init__(self, client: pulsar.Client, known: KnownWatermarks, incarnations: Incarnations | None = None) -> None:
         self._client = client
         self.known = known
+        self._incarnations = incarnations or Incarnations(None, reader="the Spark source")
         self._readers: dict[str, pulsar.Reader] = {}
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
@@ -172,11 +182,14 @@ class CompanionFollower:
         try:
             if kind == HEAD_WATERMARK:
                 head = decode_head(message.data())
-                if head.topic == topic:
+                if head.topic == topic and self._incarnations.holds(topic, head.partition, head.incarnation):
                     self.known.add((head.topic, head.partition), head.position, head.event_time)
             elif kind == SEND_WATERMARK:
                 for event in decode_table(message.data()):
-                    if event.topic == topic and event.event_time is not None:
+                    if (
+                        event.topic == topic and event.event_time is not None
+                        and self._incarnations.holds(topic, event.partition, event.incarnation)
+                    ):  # fmt: skip
                         self.known.add((event.topic, event.partition), event.position, event.event_time)
             else:
                 raise MalformedMarker("bad-event", f"unknown watermark event kind {kind!r}")

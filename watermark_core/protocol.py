@@ -26,6 +26,9 @@ Position = tuple[int, int, int]
 
 LAST_BATCH_INDEX = 2**31 - 1
 
+INCARNATION_PROPERTY = "wm.incarnation"
+"""The topic property (admin API) naming the incarnation of a (partition) topic the generator's events are about."""
+
 GENERATOR_SUBSCRIPTION = "__wm_generator"
 """The generator's own durable Failover subscription on every partition it follows."""
 INTERNAL_SUBSCRIPTIONS = frozenset({GENERATOR_SUBSCRIPTION, "__compaction"})
@@ -246,6 +249,9 @@ class WatermarkEvent:
     """For `broker-ext status`: the active producers and their assertions at `position`."""
     idle: tuple[str, ...] = ()
     pending: int = 0
+    incarnation: str | None = None
+    """The generator's token of the topic's incarnation (`INCARNATION_PROPERTY`); None from older generators, or
+    one that may not set the property (watermark_core/incarnation.py)."""
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -267,7 +273,24 @@ def _event_body(event: WatermarkEvent) -> dict[str, Any]:
         "active": dict(event.active),
         "idle": list(event.idle),
         "pending": event.pending,
+        **_incarnation_field(event.incarnation),
     }
+
+
+def _incarnation_field(incarnation: str | None) -> dict[str, str]:
+    """The optional `incarnation` key: absent when None, so that readers of before it read the rest as ever."""
+    if incarnation is None:
+        return {}
+    if not isinstance(incarnation, str) or not incarnation:
+        raise ValueError(f"an incarnation token is a non-empty str, got {incarnation!r}")
+    return {"incarnation": incarnation}
+
+
+def _incarnation_from(body: Mapping[str, Any]) -> str | None:
+    value = body.get("incarnation")
+    if value is not None and (not isinstance(value, str) or not value):
+        raise MalformedMarker("bad-event", f"incarnation must be a non-empty string, got {value!r}")
+    return value
 
 
 def encode_event(event: WatermarkEvent) -> bytes:
@@ -317,7 +340,8 @@ def _event_from_body(body: Mapping[str, Any]) -> WatermarkEvent:
     if not isinstance(idle, list) or not all(isinstance(p, str) for p in idle) or not _is_int(pending):
         raise MalformedMarker("bad-event", f"bad idle {idle!r} or pending {pending!r}")
     return WatermarkEvent(
-        topic, partition, subscription, event_time, (position[0], position[1]), seq, active, tuple(idle), pending
+        topic, partition, subscription, event_time, (position[0], position[1]), seq, active, tuple(idle), pending,
+        _incarnation_from(body),
     )
 
 
@@ -352,6 +376,8 @@ class HeadWatermark:
     partition: int
     position: tuple[int, int]
     event_time: int
+    incarnation: str | None = None
+    """As `WatermarkEvent.incarnation`."""
 
 
 def encode_head(event: HeadWatermark) -> bytes:
@@ -367,6 +393,7 @@ def encode_head(event: HeadWatermark) -> bytes:
         "partition": event.partition,
         "position": list(event.position),
         "event_time": event.event_time,
+        **_incarnation_field(event.incarnation),
     })  # fmt: skip
 
 
@@ -384,4 +411,4 @@ def decode_head(payload: bytes) -> HeadWatermark:
         raise MalformedMarker("bad-event", f"bad event_time {event_time!r}")
     if not isinstance(position, list) or len(position) != 2 or not all(_is_int(p) for p in position):
         raise MalformedMarker("bad-event", f"position must be [ledger, entry], got {position!r}")
-    return HeadWatermark(topic, partition, (position[0], position[1]), event_time)
+    return HeadWatermark(topic, partition, (position[0], position[1]), event_time, _incarnation_from(body))

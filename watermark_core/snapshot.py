@@ -126,6 +126,9 @@ class Snapshot:
     state: WatermarkState
     message: Position
     previous: Position | None
+    incarnation: str | None = None
+    """The token of the topic's incarnation the state belongs to (watermark_core/incarnation.py); None when
+    written by an older generator, or by one that could not claim the topic property."""
 
     @property
     def at(self) -> Position:
@@ -135,12 +138,16 @@ class Snapshot:
 
 
 def encode_snapshot(
-    state: WatermarkState, previous: Position | None = None, *, keys: SnapshotKeys, topic: str
-) -> bytes:
-    """The signed W_SNAPSHOT payload for `state` on partition `topic`, naming the partition's previous snapshot."""
+    state: WatermarkState, previous: Position | None = None, *, keys: SnapshotKeys, topic: str,
+    incarnation: str | None = None,
+) -> bytes:  # fmt: skip
+    """The signed W_SNAPSHOT payload for `state` on partition `topic`, naming the partition's previous snapshot and
+    the incarnation of the topic it belongs to."""
     body: dict[str, Any] = {"topic": topic, "state": state_to_dict(state)}
     if previous is not None:
         body["previous"] = list(previous)
+    if incarnation is not None:
+        body["incarnation"] = incarnation
     return keys.seal(pack(body))
 
 
@@ -165,7 +172,10 @@ def decode_snapshot(
     state = state_from_dict(_map(body.get("state"), "state"), config)
     if state.position is None:
         raise _bad("a snapshot must state its position")
-    return Snapshot(state, marker.position, _previous_from(body.get("previous")))
+    incarnation = body.get("incarnation")
+    if incarnation is not None and (not isinstance(incarnation, str) or not incarnation):
+        raise _bad(f"incarnation must be a non-empty string, got {incarnation!r}")
+    return Snapshot(state, marker.position, _previous_from(body.get("previous")), incarnation)
 
 
 def state_to_dict(state: WatermarkState) -> dict[str, Any]:

@@ -41,22 +41,27 @@ from broker_ext.engine.recovery import (
 from broker_ext.engine.vocabulary import (
     AcknowledgeUpTo,
     BrokenAssertion,
+    ClaimIncarnation,
     Command,
     CursorsPolled,
     EngineConfig,
     EntryRead,
     Event,
     HeadWatermark,
+    IncarnationClaimed,
+    IncarnationRead,
     MarkerFetched,
     MarkerFolded,
     OwnershipLost,
     PollCursors,
     PublishTable,
     RangeRead,
+    ReadIncarnation,
     ReadLag,
     ReadMarkerAt,
     ReadRange,
     RebuildRefused,
+    Restart,
     SnapshotFailed,
     SnapshotWritten,
     SubscriptionRemoved,
@@ -67,6 +72,7 @@ from broker_ext.engine.vocabulary import (
 from broker_ext.marker_log import BeforeBase, MarkerLog, SubscriptionTracker
 from pulsar_access.topics import base_topic_and_partition
 from watermark_core.protocol import (
+    INCARNATION_PROPERTY,
     SNAPSHOT_PRODUCER_PREFIX,
     MalformedMarker,
     Marker,
@@ -80,6 +86,8 @@ from watermark_core.state import WatermarkState, is_broken_assertion
 
 log = logging.getLogger(__name__)
 
+MAX_UNTOLD = 1_000
+
 
 # -- phases -----------------------------------------------------------------------------------------
 
@@ -91,9 +99,13 @@ class Unowned:
 
 @dataclass
 class AwaitingCursor:
-    """Pulsar started delivering to us, so we own the partition; the generator cursor's position is asked for."""
+    """Pulsar started delivering to us, so we own the partition; the generator cursor's position and the topic's
+    incarnation property are asked for."""
 
     entries: list[EntryRead]
+    polled: CursorsPolled | None = None
+    token: str | None = None
+    token_read: bool = False
 
 
 @dataclass
@@ -174,6 +186,14 @@ class PartitionEngine:
         self._write_retry_at = 0.0
         self._seq = 0
         self._told: int | None = None
+        self._untold: list[tuple[Position, int | None]] = []
+        """Head watermarks held back while a claim is open, told once it is answered."""
+        self.incarnation: str | None = None
+        """The token of the topic's incarnation our state belongs to, as the topic property names it (None: the
+        property is not set, or not ours to set): on every table, head event and snapshot we write."""
+        self._claiming: str | None = None
+        """A token we asked the shell to set as the topic property: nothing is published until it answers."""
+        self._claim_refusal_logged = False
         self._malformed_logged: set[str] = set()
         self._broken_logged: set[str] = set()
 
@@ -251,6 +271,10 @@ class PartitionEngine:
             self._range_read(event, now, out)
         elif isinstance(event, Tick):
             self._tick(now, out)
+        elif isinstance(event, IncarnationRead):
+            self._incarnation_read(event, now, out)
+        elif isinstance(event, IncarnationClaimed):
+            self._claimed(event, now, out)
         if isinstance(self.phase, Following):
             self._snapshot_if_due(self.phase, now)
             self._next_write(self.phase, now, out)
@@ -267,6 +291,7 @@ class PartitionEngine:
             log.info("%s: owner now; delivery starts at %s, reading the generator's cursor",
                      self.topic, entry.position[:2])  # fmt: skip
             out.append(PollCursors())
+            out.append(ReadIncarnation())
         elif isinstance(phase, AwaitingCursor):
             if entry.position > phase.entries[-1].position:  # not a redelivery
                 phase.entries.append(entry)
@@ -276,26 +301,78 @@ class PartitionEngine:
     def _cursors(self, polled: CursorsPolled, now: float, out: list[Command]) -> None:
         phase = self.phase
         if isinstance(phase, AwaitingCursor):
-            cursor = normalized_cursor(polled.generator_cursor, polled.ledgers)
-            taking = TakingOver(cursor, polled.last_confirmed, [], [], now)
-            self.phase = taking
-            log.info("%s: looking for a snapshot after the generator's cursor %s (tail %s)",
-                     self.topic, cursor, polled.last_confirmed)  # fmt: skip
-            for entry in phase.entries:
-                if self.phase is not taking:
-                    self._entry(entry, now, out)  # restored already: the rest is followed
-                else:
-                    self._search(taking, entry, now, out)
+            phase.polled = polled
+            self._take_over(phase, now, out)
         elif isinstance(phase, Following):
             self._follow_cursors(phase, polled, now, out)
+
+    def _take_over(self, phase: AwaitingCursor, now: float, out: list[Command]) -> None:
+        """Once the cursor and the topic's incarnation are known: look for the snapshot to start from."""
+        polled = phase.polled
+        if polled is None or not phase.token_read:
+            return
+        self.incarnation = phase.token  # only snapshots of this incarnation are restored from
+        cursor = normalized_cursor(polled.generator_cursor, polled.ledgers)
+        taking = TakingOver(cursor, polled.last_confirmed, [], [], now)
+        self.phase = taking
+        log.info("%s: looking for a snapshot after the generator's cursor %s (tail %s, incarnation %s)",
+                 self.topic, cursor, polled.last_confirmed, phase.token)  # fmt: skip
+        for entry in phase.entries:
+            if self.phase is not taking:
+                self._entry(entry, now, out)  # restored already: the rest is followed
+            else:
+                self._search(taking, entry, now, out)
+
+    def _incarnation_read(self, read: IncarnationRead, now: float, out: list[Command]) -> None:
+        """The topic property: at a take-over, which snapshots are ours; later, whether the topic is still ours."""
+        phase = self.phase
+        if isinstance(phase, AwaitingCursor):
+            phase.token, phase.token_read = read.token, True
+            self._take_over(phase, now, out)
+        elif (
+            isinstance(phase, Following) and self._claiming is None and self.incarnation is not None
+            and read.token != self.incarnation
+        ):  # fmt: skip
+            reason = (
+                f"its property {INCARNATION_PROPERTY} is {read.token!r}, not our {self.incarnation!r}: the topic "
+                "was deleted and created again (or another generator started it anew)"
+            )
+            log.warning("%s: %s; following it anew", self.topic, reason)
+            self._lose(OwnershipLost(""))
+            out.append(Restart(reason))
+
+    def _claimed(self, claimed: IncarnationClaimed, now: float, out: list[Command]) -> None:
+        """The property is set (or may not be): publish what was held back meanwhile, under that token."""
+        f = self.phase
+        if claimed.token != self._claiming or not isinstance(f, Following):
+            return
+        self._claiming = None
+        if claimed.ok:
+            self.incarnation = claimed.token
+            log.info("%s: incarnation %s (topic property %s)", self.topic, claimed.token, INCARNATION_PROPERTY)
+        else:
+            self.incarnation = None
+            if not self._claim_refusal_logged:
+                self._claim_refusal_logged = True
+                log.warning(
+                    "%s: cannot set the topic property %s (%s); watermarks go out without an incarnation token, so "
+                    "if this topic is deleted and created again, readers may see its old watermark until the new "
+                    "one is published. Grant the generator's role tenant admin on the data tenant to avoid it "
+                    "(docs/SECURITY.md)", self.topic, INCARNATION_PROPERTY, claimed.reason,
+                )  # fmt: skip
+        untold, self._untold = self._untold, []
+        out.extend(HeadWatermark(position, watermark, self.incarnation) for position, watermark in untold)
+        self._publish(f, now, out)
 
     def _lose(self, lost: OwnershipLost) -> None:
         if isinstance(self.phase, Unowned):
             return
-        log.info("%s: now owned by generator %s; dropping our state", self.topic, lost.owner)
+        if lost.owner:
+            log.info("%s: now owned by generator %s; dropping our state", self.topic, lost.owner)
         self.phase = Unowned()
         self._rebuild = None
         self._told = None
+        self._claiming = None
 
     def _tick(self, now: float, out: list[Command]) -> None:
         phase = self.phase
@@ -322,7 +399,7 @@ class PartitionEngine:
                 self._rebuild = None  # a fold still under way is not needed any more
                 log.info("%s: restored from the snapshot at %s stating %s",
                          self.topic, entry.position[:2], snapshot.at[:2])  # fmt: skip
-                self._begin_following(snapshot.state, snapshot.at, phase.entries, now, out, folded=False)
+                self._begin_following(snapshot.state, snapshot.at, phase.entries, now, out, restored=True)
                 return
         if entry.position[:2] >= phase.tail and now >= phase.not_before and not self._rebuilding_takeover:
             self._end_search(phase, now, out)
@@ -343,17 +420,26 @@ class PartitionEngine:
 
     def _begin_following(
         self, state: WatermarkState, at: Position, entries: list[EntryRead], now: float, out: list[Command],
-        *, folded: bool,
+        *, restored: bool,
     ) -> None:  # fmt: skip
-        """Start following from `state` at `at`; replay what was delivered after `at`."""
+        """Start following from `state` at `at`; replay what was delivered after `at`.
+
+        `restored`: from a snapshot of the topic's incarnation (`self.incarnation`, its token; tokens never
+        differ, `_trusted`). Otherwise folded from a snapshot of it or from the partition's very start: a state
+        without a token (folded from the start, or from an older generator's snapshots) gets a new one, set as
+        the topic property before anything carrying it is published (`ClaimIncarnation`).
+        """
         following = Following(MarkerLog(state, at), state, last_snapshot_at=now)
         self.phase = following
         self._retry_delay = self.config.retry_initial_s
-        if folded and at == ledger_start(at[0]):  # delivery starts at a ledger's first entry: its start state
+        if not restored and at == ledger_start(at[0]):  # delivery starts at a ledger's first entry: its start state
             following.snapshots_due.append((state.advanced_to(at), False))
+        self._claiming, self._untold = None, []
+        if self.incarnation is None:
+            self._claiming = self.config.new_incarnation()
+            out.append(ClaimIncarnation(self._claiming))
         if state.watermark is not None:
-            self._told = state.watermark
-            out.append(HeadWatermark(at, state.watermark))
+            self._tell_head(at, state.watermark, out)
         for entry in entries:
             self._follow(following, entry, now, out)
         out.append(PollCursors())
@@ -388,10 +474,18 @@ class PartitionEngine:
                 if snapshot is not None:
                     self.catalog.add(snapshot)
             if f.head.watermark != self._told:
-                self._told = f.head.watermark
-                out.append(HeadWatermark(position, f.head.watermark))
+                self._tell_head(position, f.head.watermark, out)
         if f.evaluate_at is not None and position[:2] >= f.evaluate_at:
             self._evaluate(f, now, out)
+
+    def _tell_head(self, position: Position, watermark: int | None, out: list[Command]) -> None:
+        """The head's watermark changed at `position`; held back (and told once claimed) while a claim is open."""
+        self._told = watermark
+        if self._claiming is None:
+            out.append(HeadWatermark(position, watermark, self.incarnation))
+        else:
+            self._untold.append((position, watermark))
+            del self._untold[:-MAX_UNTOLD]  # each is a lower bound of the ones after: the earliest can go
 
     def _note_ledger_start(self, f: Following, ledger: int) -> None:
         """Reading enters a new ledger: keep the state before its first entry, to write as a snapshot.
@@ -476,6 +570,8 @@ class PartitionEngine:
         being rebuilt) with its last event, still true at the position it names; compaction keeps only
         the latest table, and a consumer attaching must find its subscription there.
         """
+        if self._claiming is not None:
+            return  # published once the topic property names the token they carry
         had_watermark = f.head.watermark is not None
         ready = [
             t for t in f.trackers.values()
@@ -499,6 +595,7 @@ class PartitionEngine:
                 active=t.state.active_producers(),
                 idle=tuple(t.state.idle_producers()),
                 pending=len(t.state.pending_txns),
+                incarnation=self.incarnation,
             )
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("%s: publishing %r: watermark %s folded to %s, mark-delete %s, active %s, idle %s",
@@ -514,11 +611,20 @@ class PartitionEngine:
     # -- snapshots ----------------------------------------------------------------------------------
 
     def _trusted(self, marker: Marker, out: list[Command]) -> Snapshot | None:
-        """A generator's snapshot (others' W_SNAPSHOT records are never trusted); None for anything else."""
+        """A generator's snapshot of the topic's incarnation, or without a token (an older generator's, or one that
+        may not set the property); others' W_SNAPSHOT records are never trusted, nor those of a deleted incarnation
+        (a generator whose consumer followed the topic's new incarnation writes them there). None for anything else."""
         if not is_generator_snapshot(marker):
             return None
         try:
-            return decode_snapshot(marker, self.config.watermark, keys=self.config.snapshot_keys, topic=self.topic)
+            snapshot = decode_snapshot(
+                marker, self.config.watermark, keys=self.config.snapshot_keys, topic=self.topic
+            )
+            if snapshot.incarnation is not None and snapshot.incarnation != self.incarnation:
+                log.debug("%s: the snapshot at %s is of incarnation %s, not %s: not ours",
+                          self.topic, marker.position[:2], snapshot.incarnation, self.incarnation)  # fmt: skip
+                return None
+            return snapshot
         except MalformedMarker as exc:  # e.g. written by an incompatible version: never fatal, just not used
             out.append(UnusableSnapshot(marker.position, exc.reason))
             if exc.reason not in self._malformed_logged:
@@ -553,11 +659,13 @@ class PartitionEngine:
 
     def _next_write(self, f: Following, now: float, out: list[Command]) -> None:
         """Ask for the next snapshot to be written: one at a time, so each names the one before it."""
-        if self._writing is not None or not f.snapshots_due or now < self._write_retry_at:
+        if self._writing is not None or not f.snapshots_due or now < self._write_retry_at or self._claiming is not None:
             return
         self._writing = f.snapshots_due[0]
         state, periodic = self._writing
-        out.append(WriteSnapshot(state, self.catalog.previous_for_next(), periodic))
+        out.append(WriteSnapshot(state, self.catalog.previous_for_next(), periodic, self.incarnation))
+        if periodic and self.incarnation is not None:
+            out.append(ReadIncarnation())  # now and then: is the topic still the one we follow?
 
     def _written(self, written: SnapshotWritten, out: list[Command]) -> None:
         if self._writing is None:
@@ -669,7 +777,7 @@ class PartitionEngine:
             if isinstance(phase, TakingOver):
                 log.info("%s: rebuilt the state at %s (watermark %s); following from there",
                          self.topic, rebuild.target[:2], state.watermark)  # fmt: skip
-                self._begin_following(state, rebuild.target, phase.entries, now, out, folded=True)
+                self._begin_following(state, rebuild.target, phase.entries, now, out, restored=False)
             return
         if not isinstance(phase, Following):
             return

@@ -11,9 +11,10 @@ positions the admin API gives, without a batch index, are `(ledger, entry)`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from watermark_core.incarnation import new_token
 from watermark_core.protocol import Marker, Position, WatermarkEvent
 from watermark_core.snapshot import SnapshotKeys
 from watermark_core.state import WatermarkConfig, WatermarkState
@@ -111,7 +112,27 @@ class Tick:
     """Time passed: the engine asked for it (`wakeup_at`); the time itself is `handle`'s `now`."""
 
 
-Event = EntryRead | CursorsPolled | OwnershipLost | SnapshotWritten | SnapshotFailed | MarkerFetched | RangeRead | Tick
+@dataclass(frozen=True)
+class IncarnationRead:
+    """The answer to `ReadIncarnation`: the partition's topic property `wm.incarnation` (None: not set)."""
+
+    token: str | None
+
+
+@dataclass(frozen=True)
+class IncarnationClaimed:
+    """The answer to `ClaimIncarnation(token)`: `ok` False when the broker refused to set the property (the
+    generator's role may not: a tenant admin's right); `reason` says why."""
+
+    token: str
+    ok: bool
+    reason: str = ""
+
+
+Event = (
+    EntryRead | CursorsPolled | OwnershipLost | SnapshotWritten | SnapshotFailed | MarkerFetched | RangeRead | Tick
+    | IncarnationRead | IncarnationClaimed
+)  # fmt: skip
 
 
 # -- commands ---------------------------------------------------------------------------------------
@@ -128,6 +149,8 @@ class WriteSnapshot:
     state: WatermarkState
     previous: Position | None
     periodic: bool
+    incarnation: str | None = None
+    """The token the snapshot carries (watermark_core/incarnation.py)."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +199,29 @@ class HeadWatermark:
 
     position: Position
     watermark: int | None
+    incarnation: str | None = None
+    """The token the head event carries."""
+
+
+@dataclass(frozen=True)
+class ReadIncarnation:
+    """Read the partition's topic property `wm.incarnation`; answer `IncarnationRead` (retrying while the admin API
+    does not answer)."""
+
+
+@dataclass(frozen=True)
+class ClaimIncarnation:
+    """Set the partition's topic property `wm.incarnation` to `token`; answer `IncarnationClaimed`."""
+
+    token: str
+
+
+@dataclass(frozen=True)
+class Restart:
+    """The topic was deleted and created again under us: drop this partition's consumer and state and follow it
+    anew (discovery does)."""
+
+    reason: str
 
 
 # reports: what the shell counts and forgets in metrics
@@ -229,7 +275,8 @@ class RebuildRefused:
 
 Command = (
     WriteSnapshot | AcknowledgeUpTo | PublishTable | ReadRange | ReadMarkerAt | PollCursors | HeadWatermark
-    | MarkerFolded | BrokenAssertion | UnusableSnapshot | ReadLag | SubscriptionRemoved | RebuildRefused
+    | ReadIncarnation | ClaimIncarnation | Restart | MarkerFolded | BrokenAssertion | UnusableSnapshot | ReadLag
+    | SubscriptionRemoved | RebuildRefused
 )  # fmt: skip
 
 
@@ -249,3 +296,5 @@ class EngineConfig:
     """A take-over stops looking for a snapshot in what is delivered after this long without an entry."""
     retry_initial_s: float = 0.5
     retry_max_s: float = 10.0
+    new_incarnation: Callable[[], str] = new_token
+    """A fresh incarnation token, for a partition folded from its very start (tests pass their own)."""

@@ -11,6 +11,7 @@ import msgpack
 import pulsar
 
 from consumer import Watermark, WatermarkConsumer, WatermarkListener
+from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.topics import watermark_topic_for
 from watermark_core.protocol import EVENT_PROPERTY, MARKER_PROPERTY, SEND_WATERMARK, decode_table
@@ -170,3 +171,27 @@ def recomputed_watermark(
 def watermark_table_reader(client: pulsar.Client, topic: str) -> pulsar.Reader:
     """A reader of `topic`'s companion watermark topic from its start."""
     return client.create_reader(watermark_topic_for(topic), pulsar.MessageId.earliest)
+
+
+HOUR_MS = 3_600_000
+
+
+def recreate_after_a_high_watermark(
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str, base: int, subscription: str
+) -> WatermarkProducer:
+    """Issue #26 (1): `topic`'s watermark reaches `base` + 10 h; the topic is deleted (force) and created again
+    under its name; a new producer asserts `base` and writes from there. Returns that producer."""
+    admin_url = admin.base_url
+    old_recorder = Recorder()
+    old_consumer = WatermarkConsumer(pulsar_client, topic, subscription, listener=old_recorder, admin_url=admin_url)
+    old = WatermarkProducer(pulsar_client, topic, producer_name="old")
+    old.new_watermark().event_time(base + 10 * HOUR_MS).send()
+    old.send(b"old", event_timestamp=base + 10 * HOUR_MS)
+    wait_until(lambda: base + 10 * HOUR_MS in watermarks(old_recorder), timeout_s=30, what="the old topic at T+10 h")
+    old_consumer.close()
+    old.close()
+    admin.delete_topic(topic, force=True)
+    admin.create_topic(topic)
+    new = WatermarkProducer(pulsar_client, topic, producer_name="new")
+    new.new_watermark().event_time(base).send()
+    return new

@@ -715,3 +715,41 @@ def test_every_table_names_a_subscription_acknowledged_ahead_of_the_generators_h
         for closable in (ahead, other, a, b, plain):
             closable.close()
         gen.stop()
+
+
+def test_a_deleted_and_recreated_topic_starts_without_the_old_watermark_for_consumers_and_status(
+    pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str, tmp_path: Path
+) -> None:
+    """Issue #26 (1): before, a new consumer got T+10 h from the companion topic, handed the new messages over under
+    it and kept it; `broker-ext status` showed it too."""
+    from broker_ext.status import status_rows
+    from tests.integration.helpers import recreate_after_a_high_watermark
+
+    gen = GeneratorProcess(pulsar_settings, tmp_path / "gen.log", "recreate", WM_NAMESPACES=namespace).start()
+    topic = f"persistent://{namespace}/recreated"
+    base = 1_700_000_000_000
+    new = recreate_after_a_high_watermark(pulsar_client, admin, topic, base, "sub")
+    recorder = Recorder()
+    consumer = WatermarkConsumer(pulsar_client, topic, "sub", listener=recorder, admin_url=pulsar_settings.admin_url)
+    try:
+        for i in range(5):
+            new.send(f"new-{i}".encode(), event_timestamp=base + i)
+        new.new_watermark().event_time(base + 5).send()
+        wait_until(lambda: len(recorder.messages()) == 5, timeout_s=30, what="the new messages")
+        wait_until(lambda: base + 5 in watermarks(recorder), timeout_s=60, what="the new topic's own watermark")
+        assert all(w <= base + 5 for w in watermarks(recorder)), watermarks(recorder)
+        # before the new messages, nothing from the old incarnation stood over them
+        assert recorder.events[0][0] != "wm" or recorder.events[0][1] <= base, recorder.events
+        rows = status_rows(pulsar_settings, topic)
+        assert [row["watermark"].split()[0] for row in rows if row["subscription"] == "sub"] == [str(base + 5)], rows
+        fresh = Recorder()
+        attached = WatermarkConsumer(  # attaches after it all
+            pulsar_client, topic, "later", listener=fresh, admin_url=pulsar_settings.admin_url
+        )
+        time.sleep(1.0)
+        assert all(w <= base + 5 for w in watermarks(fresh)), watermarks(fresh)
+        attached.close()
+    finally:
+        consumer.close()
+        new.close()
+        gen.stop()

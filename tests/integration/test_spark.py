@@ -455,3 +455,43 @@ def test_exact_windows_on_a_spark_standalone_cluster(
     assert len(rows) == len({(start, key) for start, key, _ in rows}), "a window was emitted twice"
     assert {(start, key): count for start, key, count in rows} == dict(truth)
     producer.close()
+
+
+def test_a_query_on_a_deleted_and_recreated_topic_marks_none_of_its_rows_late(
+    spark: SparkSession, pulsar_client: pulsar.Client, pulsar_settings: Any, admin: PulsarAdmin, namespace: str,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """Issue #26 (1): before, the query took T+10 h from the companion topic and marked every new row late."""
+    from tests.integration.generator_process import GeneratorProcess
+    from tests.integration.helpers import recreate_after_a_high_watermark
+
+    generator = GeneratorProcess(pulsar_settings, tmp_path / "gen.log", "recreate-spark", WM_NAMESPACES=namespace)
+    generator.start()
+    topic = f"persistent://{namespace}/recreated"
+    new = recreate_after_a_high_watermark(pulsar_client, admin, topic, BASE, "query")
+    for i in range(5):
+        new.send(f"new-{i}".encode(), event_timestamp=BASE + 1_000 * i)
+    new.new_watermark().event_time(BASE + 5_000).send()
+    seen: dict[bytes, bool] = {}
+    lock = threading.Lock()
+
+    def collect(df: DataFrame, _batch: int) -> None:
+        rows = df.collect()
+        with lock:
+            seen.update((bytes(row["value"]), bool(row["late"])) for row in rows)
+
+    query = (
+        spark_sink.read_stream(spark, topic=topic, subscription="query").writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="500 milliseconds").start()
+    )  # fmt: skip
+    try:
+        wait_until(lambda: len(seen) == 5, timeout_s=90, what="the new rows")
+        wait_until(lambda: _source_watermark(query) == BASE + 5_000, timeout_s=60, what="the new topic's watermark")
+        new.send(b"after", event_timestamp=BASE + 6_000)
+        wait_until(lambda: b"after" in seen, timeout_s=60, what="a row after the watermark")
+        assert _source_watermark(query) == BASE + 5_000
+    finally:
+        query.stop()
+        generator.stop()
+        new.close()
+    assert seen == {**{f"new-{i}".encode(): False for i in range(5)}, b"after": False}

@@ -16,19 +16,24 @@ from dataclasses import dataclass, field
 from broker_ext.engine import EngineConfig, PartitionEngine
 from broker_ext.engine.vocabulary import (
     AcknowledgeUpTo,
+    ClaimIncarnation,
     Command,
     CursorsPolled,
     EntryRead,
     Event,
     HeadWatermark,
+    IncarnationClaimed,
+    IncarnationRead,
     MarkerFetched,
     OwnershipLost,
     PollCursors,
     PublishTable,
     RangeRead,
+    ReadIncarnation,
     ReadMarkerAt,
     ReadRange,
     RebuildRefused,
+    Restart,
     SnapshotWritten,
     Tick,
     WriteSnapshot,
@@ -76,6 +81,11 @@ class World:
     hold: set[type] = field(default_factory=set)
     held: list[Command] = field(default_factory=list)
     publish_time: int = 0
+    incarnation: str | None = None
+    """The topic property `wm.incarnation` (deleted with the topic, `recreate`)."""
+    may_claim: bool = True
+    """False: the broker refuses to set topic properties (the generator's role is no tenant admin)."""
+    restarts: list[Restart] = field(default_factory=list)
     _queue: deque[tuple[PartitionEngine, Event]] = field(default_factory=deque)
 
     # -- writing ------------------------------------------------------------------------------------
@@ -108,9 +118,20 @@ class World:
     def data(self, producer: str, event_time: int = 0) -> Position:
         return self._append(producer=producer, event_time=event_time)
 
-    def snapshot_record(self, state: WatermarkState, previous: Position | None, producer: str) -> Position:
-        payload = encode_snapshot(state, previous, keys=self.config.snapshot_keys, topic=TOPIC)
+    def snapshot_record(
+        self, state: WatermarkState, previous: Position | None, producer: str, incarnation: str | None = None
+    ) -> Position:
+        payload = encode_snapshot(state, previous, keys=self.config.snapshot_keys, topic=TOPIC, incarnation=incarnation)
         return self._append(marker=(MarkerKind.W_SNAPSHOT, producer, payload))
+
+    def recreate(self) -> None:
+        """The topic is deleted and created again under its name: a new log in ledgers of higher ids, no cursors,
+        no property. The owner's consumer goes on delivering (the client reconnected), as it may on Pulsar."""
+        first = self.ledger + 10
+        self.ledgers = {first: []}
+        self.subscriptions = {}
+        self.generator_cursor = (-1, -1)
+        self.incarnation = None
 
     def roll(self) -> int:
         """A new ledger (Pulsar rolls them over by size, time, or a broker restart)."""
@@ -191,7 +212,9 @@ class World:
         if isinstance(command, PollCursors):
             answer = self.polled()
         elif isinstance(command, WriteSnapshot):
-            answer = SnapshotWritten(self.snapshot_record(command.state, command.previous, "__wm_generator-world"))
+            answer = SnapshotWritten(
+                self.snapshot_record(command.state, command.previous, "__wm_generator-world", command.incarnation)
+            )
         elif isinstance(command, AcknowledgeUpTo):
             self.generator_cursor = command.position[:2]
         elif isinstance(command, PublishTable):
@@ -200,6 +223,15 @@ class World:
             self.head_watermarks.append(command)
         elif isinstance(command, RebuildRefused):
             self.refused.append(command)
+        elif isinstance(command, ReadIncarnation):
+            answer = IncarnationRead(self.incarnation)
+        elif isinstance(command, ClaimIncarnation):
+            if self.may_claim:
+                self.incarnation = command.token
+            answer = IncarnationClaimed(command.token, self.may_claim, "" if self.may_claim else "HTTP 401")
+        elif isinstance(command, Restart):
+            self.restarts.append(command)
+            self.delivery = None  # the shell closes the partition's consumer; discovery follows it anew
         elif isinstance(command, ReadRange):
             answer = self.read_range(command)
         elif isinstance(command, ReadMarkerAt):
@@ -222,10 +254,9 @@ class World:
         self.delivery = Delivery(engine, entry_end(*self.generator_cursor))
 
     def deliver(self, count: int | None = None) -> int:
-        """Deliver the next `count` entries (all) to the owner; returns how many."""
-        assert self.delivery is not None
+        """Deliver the next `count` entries (all) to the owner, if there is one; returns how many."""
         delivered = 0
-        while count is None or delivered < count:
+        while (count is None or delivered < count) and self.delivery is not None:
             entry = next((e for e in self.entries() if e.position > self.delivery.after), None)
             if entry is None:
                 break
@@ -244,8 +275,8 @@ class World:
             self.delivery.after = (-1, -1, -1)
 
     def poll(self) -> None:
-        assert self.delivery is not None
-        self.send(self.delivery.engine, self.polled())
+        if self.delivery is not None:
+            self.send(self.delivery.engine, self.polled())
 
     def tick(self, seconds: float) -> None:
         """Time passes; the owner gets a Tick if it asked for one."""

@@ -13,8 +13,11 @@ from broker_ext.engine.recovery import BEFORE_EVERYTHING, KEEP_SNAPSHOTS, ledger
 from broker_ext.engine.vocabulary import (
     AcknowledgeUpTo,
     BrokenAssertion,
+    ClaimIncarnation,
     CursorsPolled,
     EntryRead,
+    HeadWatermark,
+    IncarnationRead,
     MarkerFolded,
     PollCursors,
     PublishTable,
@@ -152,6 +155,7 @@ def test_a_delivery_that_pauses_ends_the_search_for_a_snapshot() -> None:
     engine = world.engine()
     engine.handle(EntryRead((10, 1, -1), None, "A", 100), world.now)
     engine.handle(CursorsPolled({}, (10, 0), (10, 5), ledgers), world.now)  # the tail is further on
+    engine.handle(IncarnationRead(None), world.now)
     assert isinstance(engine.phase, TakingOver)
     assert engine.wakeup_at == pytest.approx(world.now + engine.config.takeover_idle_s)
     commands = engine.handle(EntryRead((10, 2, -1), None, "A", 100), world.now + 0.1)
@@ -676,3 +680,76 @@ def test_results_of_an_abandoned_rebuild_are_ignored() -> None:
     world.own(world.engine())
     commands = engine.handle(RangeRead(request.request, None, (), frozenset()), world.now)
     assert commands == [] and isinstance(engine.phase, Unowned)
+
+
+# -- incarnations (issue 26 item 1) -------------------------------------------------------------------
+
+
+def test_a_fresh_partition_sets_its_incarnation_as_the_topic_property_before_publishing_under_it() -> None:
+    world = World()
+    world.w_set("A", 100)
+    ack_all(world, "s")
+    engine = first_owner(world)
+    token = engine.incarnation
+    assert token is not None and world.incarnation == token
+    claim = next(i for i, c in enumerate(world.commands) if isinstance(c, ClaimIncarnation))
+    published = [i for i, c in enumerate(world.commands) if isinstance(c, PublishTable | HeadWatermark)]
+    assert published and min(published) > claim
+    assert {e.incarnation for _, e in world.tables} == {token}
+    assert {h.incarnation for h in world.head_watermarks} == {token}
+    world.w_set("A", 200)
+    world.settle()
+    snapshots = [c for c in of(world, WriteSnapshot)]
+    assert snapshots and {c.incarnation for c in snapshots} == {token}
+
+
+def test_a_take_over_keeps_the_incarnation_of_the_snapshot_it_restores_from() -> None:
+    world = World()
+    world.w_set("A", 100)
+    first = first_owner(world)
+    for _ in range(6):
+        world.data("A", 150)
+    world.settle()
+    token = first.incarnation
+    second = world.engine()
+    world.own(second)
+    world.commands.clear()
+    world.settle()
+    assert second.incarnation == token == world.incarnation
+    assert of(world, ClaimIncarnation) == []
+
+
+def test_a_recreated_topic_under_a_following_engine_is_followed_anew_with_none_of_the_old_state() -> None:
+    """The generator's consumer went on delivering the new topic's entries (Pulsar's client reconnects): the
+    engine folded them into the old state and published it under the old token; readers ignore that token, and
+    its next periodic snapshot finds the property gone and asks to follow the topic anew."""
+    world = World()
+    world.w_set("old", 10 * 3_600_000)
+    ack_all(world, "s")
+    stale = first_owner(world)
+    old = stale.incarnation
+    world.recreate()
+    world.w_set("new", 1_000)
+    for _ in range(5):
+        world.data("new", 1_000)
+    world.settle()
+    assert world.restarts and isinstance(stale.phase, Unowned)
+    fresh = world.engine()  # discovery follows the topic anew
+    world.own(fresh)
+    world.commands.clear()
+    world.head_watermarks.clear()
+    ack_all(world, "s")
+    world.settle()
+    assert fresh.incarnation not in (None, old) and world.incarnation == fresh.incarnation
+    assert [h.watermark for h in world.head_watermarks] == [1_000]  # the old state's 10 h is not restored
+    assert {e.event_time for _, e in world.tables if e.incarnation == fresh.incarnation} == {1_000}
+
+
+def test_without_the_right_to_set_the_property_events_go_out_without_a_token() -> None:
+    world = World(may_claim=False)
+    world.w_set("A", 100)
+    ack_all(world, "s")
+    engine = first_owner(world)
+    assert engine.incarnation is None and world.incarnation is None
+    assert world.tables and {e.incarnation for _, e in world.tables} == {None}
+    assert [h.watermark for h in world.head_watermarks] == [100]

@@ -153,3 +153,10 @@ def test_keys_are_long_enough_and_never_printed() -> None:
     assert "a-key-only" not in repr(KEYS) and KEYS.ids[0] in repr(KEYS)
     one, two = SnapshotKeys.random(), SnapshotKeys.random()
     assert one.ids != two.ids and len(one.keys[0]) == 64
+
+
+def test_a_snapshot_names_the_incarnation_of_its_topic_and_one_of_before_names_none() -> None:
+    state = a_state()
+    payload = encode_snapshot(state, keys=KEYS, topic=TOPIC, incarnation="0123abcd")
+    assert decode(snapshot_marker(payload, at=(1, 5, -1))).incarnation == "0123abcd"
+    assert decode(snapshot_marker(encode(state), at=(1, 5, -1))).incarnation is None  # older generators' snapshots
