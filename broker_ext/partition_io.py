@@ -264,6 +264,7 @@ class PartitionIO:
         elif isinstance(command, ReadIncarnation):
             self.ctx.pool.submit(self._read_incarnation)
         elif isinstance(command, ClaimIncarnation):
+            log.debug("%s: setting the topic property %s to %s", self.topic, INCARNATION_PROPERTY, command.token)
             self.ctx.pool.submit(self._claim_incarnation, command.token)
         elif isinstance(command, Restart):
             self.close()  # discovery follows the topic anew, with a consumer and an engine of their own
@@ -296,6 +297,7 @@ class PartitionIO:
             self.ctx.admin.set_topic_properties(self.topic, {INCARNATION_PROPERTY: token})
         except AdminError as exc:
             if exc.status is None:
+                log.debug("%s: setting the topic's properties failed: %s", self.topic, exc)
                 self._later(lambda: self._claim_incarnation(token))
                 return
             failure = str(exc)

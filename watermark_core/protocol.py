@@ -339,10 +339,10 @@ def _event_from_body(body: Mapping[str, Any]) -> WatermarkEvent:
         raise MalformedMarker("bad-event", f"active must map producer names to event times, got {active!r}")
     if not isinstance(idle, list) or not all(isinstance(p, str) for p in idle) or not _is_int(pending):
         raise MalformedMarker("bad-event", f"bad idle {idle!r} or pending {pending!r}")
-    return WatermarkEvent(
-        topic, partition, subscription, event_time, (position[0], position[1]), seq, active, tuple(idle), pending,
-        _incarnation_from(body),
-    )
+    position_pair = (position[0], position[1])
+    incarnation = _incarnation_from(body)
+    return WatermarkEvent(topic, partition, subscription, event_time, position_pair, seq, active, tuple(idle), pending,
+                          incarnation)  # fmt: skip
 
 
 # -- HeadWatermark events on the companion topic -------------------------------------------------------

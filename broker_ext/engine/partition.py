@@ -240,7 +240,7 @@ class PartitionEngine:
         elif isinstance(phase, Following):
             if phase.messages_since_snapshot:
                 times.append(phase.last_snapshot_at + self.config.snapshot_interval_s)
-            if phase.snapshots_due and self._writing is None:
+            if phase.snapshots_due and self._writing is None and self._claiming is None:  # see `_next_write`
                 times.append(self._write_retry_at)
             if phase.rebuilds_due and self._rebuild is None:
                 times.append(self._retry_at)
@@ -617,9 +617,7 @@ class PartitionEngine:
         if not is_generator_snapshot(marker):
             return None
         try:
-            snapshot = decode_snapshot(
-                marker, self.config.watermark, keys=self.config.snapshot_keys, topic=self.topic
-            )
+            snapshot = decode_snapshot(marker, self.config.watermark, keys=self.config.snapshot_keys, topic=self.topic)
             if snapshot.incarnation is not None and snapshot.incarnation != self.incarnation:
                 log.debug("%s: the snapshot at %s is of incarnation %s, not %s: not ours",
                           self.topic, marker.position[:2], snapshot.incarnation, self.incarnation)  # fmt: skip

@@ -12,7 +12,7 @@ import pulsar
 
 from consumer import Watermark, WatermarkConsumer, WatermarkListener
 from producer import WatermarkProducer
-from pulsar_access.admin import PulsarAdmin
+from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.topics import watermark_topic_for
 from watermark_core.protocol import EVENT_PROPERTY, MARKER_PROPERTY, SEND_WATERMARK, decode_table
 
@@ -191,7 +191,11 @@ def recreate_after_a_high_watermark(
     old_consumer.close()
     old.close()
     admin.delete_topic(topic, force=True)
-    admin.create_topic(topic)
+    try:
+        admin.create_topic(topic)
+    except AdminError as exc:  # a client that reconnected (the generator's consumer) may have created it already
+        if exc.status != 409:
+            raise
     new = WatermarkProducer(pulsar_client, topic, producer_name="new")
     new.new_watermark().event_time(base).send()
     return new

@@ -725,7 +725,7 @@ def test_a_deleted_and_recreated_topic_starts_without_the_old_watermark_for_cons
     from broker_ext.status import status_rows
     from tests.integration.helpers import recreate_after_a_high_watermark
 
-    gen = GeneratorProcess(pulsar_settings, tmp_path / "gen.log", "recreate", WM_NAMESPACES=namespace).start()
+    gen = GeneratorProcess(pulsar_settings, tmp_path / "gen.log", "recreate", "DEBUG", WM_NAMESPACES=namespace).start()
     topic = f"persistent://{namespace}/recreated"
     base = 1_700_000_000_000
     new = recreate_after_a_high_watermark(pulsar_client, admin, topic, base, "sub")

@@ -753,3 +753,21 @@ def test_without_the_right_to_set_the_property_events_go_out_without_a_token() -
     assert engine.incarnation is None and world.incarnation is None
     assert world.tables and {e.incarnation for _, e in world.tables} == {None}
     assert [h.watermark for h in world.head_watermarks] == [100]
+
+
+def test_while_the_property_is_being_set_the_engine_asks_for_no_tick_it_cannot_use() -> None:
+    """Found on the real broker: a snapshot due but held back by the open claim made `wakeup_at` a time in the
+    past, and the shell's loop spun on Ticks, starving the claim's own answer."""
+    world = World()
+    world.w_set("A", 100)
+    world.hold = {ClaimIncarnation}
+    engine = world.engine()
+    world.own(engine)
+    world.settle()
+    assert of(world, ClaimIncarnation) and following(engine).snapshots_due
+    assert engine.wakeup_at is None or engine.wakeup_at > world.now
+    assert world.tables == [] and world.head_watermarks == []  # nothing goes out before the property is set
+    world.hold = set()
+    world.release(engine)
+    world.settle()
+    assert [h.watermark for h in world.head_watermarks] == [100] and engine.incarnation == world.incarnation
