@@ -87,6 +87,8 @@ from watermark_core.state import WatermarkState, is_broken_assertion
 log = logging.getLogger(__name__)
 
 MAX_UNTOLD = 1_000
+_claim_refusals: list[str] = []
+"""The first refusal to set the incarnation property (logged once, not once per partition)."""
 
 
 # -- phases -----------------------------------------------------------------------------------------
@@ -193,7 +195,6 @@ class PartitionEngine:
         property is not set, or not ours to set): on every table, head event and snapshot we write."""
         self._claiming: str | None = None
         """A token we asked the shell to set as the topic property: nothing is published until it answers."""
-        self._claim_refusal_logged = False
         self._malformed_logged: set[str] = set()
         self._broken_logged: set[str] = set()
 
@@ -352,8 +353,8 @@ class PartitionEngine:
             log.info("%s: incarnation %s (topic property %s)", self.topic, claimed.token, INCARNATION_PROPERTY)
         else:
             self.incarnation = None
-            if not self._claim_refusal_logged:
-                self._claim_refusal_logged = True
+            if not _claim_refusals:  # once per process: every partition of a cluster is refused alike
+                _claim_refusals.append(claimed.reason)
                 log.warning(
                     "%s: cannot set the topic property %s (%s); watermarks go out without an incarnation token, so "
                     "if this topic is deleted and created again, readers may see its old watermark until the new "

@@ -75,6 +75,8 @@ class World:
     generator_cursor: tuple[int, int] = (-1, -1)
     delivery: Delivery | None = None
     tables: list[tuple[float, WatermarkEvent]] = field(default_factory=list)
+    last_table: tuple[WatermarkEvent, ...] = ()
+    """The events of the table published last (two owners may publish tables of one `seq`)."""
     head_watermarks: list[HeadWatermark] = field(default_factory=list)
     refused: list[RebuildRefused] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
@@ -174,10 +176,7 @@ class World:
 
     def latest_table_holds(self, subscription: str) -> WatermarkEvent | None:
         """The subscription's event in the very latest table, None if that table does not hold it."""
-        if not self.tables:
-            return None
-        last_seq = self.tables[-1][1].seq
-        return next((e for _, e in self.tables if e.seq == last_seq and e.subscription == subscription), None)
+        return next((e for e in self.last_table if e.subscription == subscription), None)
 
     # -- driving engines ----------------------------------------------------------------------------
 
@@ -219,6 +218,7 @@ class World:
             self.generator_cursor = command.position[:2]
         elif isinstance(command, PublishTable):
             self.tables.extend((self.now, event) for event in command.events)
+            self.last_table = command.events
         elif isinstance(command, HeadWatermark):
             self.head_watermarks.append(command)
         elif isinstance(command, RebuildRefused):

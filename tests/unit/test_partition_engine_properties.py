@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from broker_ext.engine import EngineConfig, Following, recovery
@@ -136,6 +136,9 @@ def test_a_published_watermark_is_the_fold_of_the_log_up_to_its_position(script:
 
 @RELAXED
 @given(st.lists(steps, max_size=60), st.sampled_from((10_000, 2)))
+@example(  # two owners' tables at one `seq` (the rig's clock stood still): the rig took the older for the latest
+    [("set", "p1", 0), ("ack", "s1", 1.0), ("deliver", 1), ("set", "p1", 1), ("takeover",), ("ack", "s1", 1.0)], 10_000
+)
 def test_the_latest_table_names_every_subscription_with_a_watermark(script: list[Step], limit: int) -> None:
     """Issue #26 (2): compaction keeps only the latest table, so it must hold every subscription's value."""
     run = play(script, limit=limit)
