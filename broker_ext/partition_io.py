@@ -286,9 +286,12 @@ class PartitionIO:
         except TopicNotFound:
             token = None  # deleted: discovery drops the partition
         except AdminError as exc:
-            log.debug("%s: reading the topic's properties failed: %s", self.topic, exc)
-            self._later(self._read_incarnation)
-            return
+            if exc.status not in (401, 403):  # the broker away: asked again
+                log.debug("%s: reading the topic's properties failed: %s", self.topic, exc)
+                self._later(self._read_incarnation)
+                return
+            log.debug("%s: reading the topic's properties refused (%s): taken as unset", self.topic, exc)
+            token = None  # then no property can be ours to set either: nothing carries a token
         self.ctx.loop.post(lambda: self.handle(IncarnationRead(token)))
 
     def _claim_incarnation(self, token: str) -> None:
