@@ -45,7 +45,7 @@ from devtools.local_cluster import (
 )
 from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.settings import PulsarSettings
-from pulsar_access.topics import watermark_namespace
+from pulsar_access.topics import namespace_of, watermark_namespace
 
 CLUSTER_NAME = "local"
 BUNDLES_PER_NAMESPACE = 16
@@ -360,7 +360,7 @@ class MultiBrokerCluster:
             if time.monotonic() - started > timeout_s:
                 raise ClusterError(f"{topic} did not move to broker {to} within {timeout_s:.0f} s")
             try:
-                admin.unload_bundle("public/default", admin.bundle_of(topic), f"127.0.0.1:{target.web}")
+                admin.unload_bundle(namespace_of(topic), admin.bundle_of(topic), f"127.0.0.1:{target.web}")
             except AdminError as exc:
                 say(f"unloading the bundle of {topic} was refused ({exc}); retrying")
                 time.sleep(1)
@@ -378,12 +378,16 @@ class MultiBrokerCluster:
         except AdminError:
             return None
 
-    def owner_index(self, admin: PulsarAdmin, topic: str, timeout_s: float = 30.0) -> int:
-        """The index of the broker that owns `topic`, waiting while its bundle is in transit."""
+    def owner_index(
+        self, admin: PulsarAdmin, topic: str, timeout_s: float = 30.0, other_than: int | None = None
+    ) -> int:
+        """The index of the broker that owns `topic`, waiting while its bundle is in transit (or, with
+        `other_than`, while that broker still owns it: a killed broker's until its session expires)."""
         deadline = time.monotonic() + timeout_s
-        while (owner := self.owner(admin, topic)) is None:
+        unwanted = {None} | ({self.ports[other_than].admin_url} if other_than is not None else set())
+        while (owner := self.owner(admin, topic)) in unwanted:
             if time.monotonic() > deadline:
-                raise ClusterError(f"no broker owns {topic} after {timeout_s:.0f} s")
+                raise ClusterError(f"no broker (but {other_than}) owns {topic} after {timeout_s:.0f} s")
             time.sleep(0.1)
         return next(i for i, p in enumerate(self.ports) if p.admin_url == owner)
 
@@ -439,4 +443,3 @@ class MultiBrokerCluster:
 
     def status(self) -> dict[str, int | None]:
         return {name: self.running_pid(name) for name in reversed(self._names())}
-

@@ -24,9 +24,11 @@ from typing import TypeVar
 import pulsar
 
 from consumer import Watermark, WatermarkConsumer, WatermarkListener
+from devtools.broker_cluster import MultiBrokerCluster
 from producer import WatermarkProducer
 from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.settings import PulsarSettings
+from pulsar_access.topics import namespace_of
 from tests.chaos.checker import (
     Delivery,
     InstanceLog,
@@ -80,6 +82,8 @@ class Cluster:
     """When the broker was killed (monotonic): every scenario running then lived through it."""
     generator_link: GeneratorLink | None = None
     """The generators' route to the broker through proxies a cut stalls; None: they connect directly."""
+    several: MultiBrokerCluster | None = None
+    """The cluster of several brokers the run started, whose topics the faults move; None: one broker."""
 
     def new_client(self) -> pulsar.Client:
         """A client of its own, as a separate consumer process would have."""
@@ -376,9 +380,50 @@ class Scenario:
         elif fault.kind is FaultKind.KILL_BROKER:
             if not self.kill_broker():
                 return
-        elif fault.kind is FaultKind.CUT_GENERATOR and not self.cut_generator(fault):
+        elif fault.kind is FaultKind.CUT_GENERATOR:
+            if not self.cut_generator(fault):
+                return
+        elif not self.cluster_fault(fault):  # the cluster kinds
             return
         self.faults[fault.kind.value] += 1
+
+    def cluster_fault(self, fault: Fault) -> bool:
+        """A fault of a cluster of several brokers: the topic unloaded, moved, its bundle split, its broker
+        killed (the others take its bundles; it comes back after `down_s`), or the generator killed while
+        the topic moves."""
+        several, admin = self.cluster.several, self.cluster.admin
+        if several is None:
+            return False
+        if fault.kind is FaultKind.UNLOAD_TOPIC:
+            retried(lambda: admin.unload_topic(self.topic), "unloading the topic")
+        elif fault.kind is FaultKind.SPLIT_BUNDLE:
+            retried(lambda: admin.split_bundle(namespace_of(self.topic), admin.bundle_of(self.topic)), "splitting")
+        elif fault.kind is FaultKind.MOVE_BUNDLE:
+            self.move_elsewhere(several, fault.target)
+        elif fault.kind is FaultKind.KILL_GENERATOR_DURING_MOVE:
+            self.generator.kill()
+            self.move_elsewhere(several, fault.target)
+            time.sleep(fault.down_s)
+            self.generator.start()
+        elif fault.kind is FaultKind.KILL_OWNER_BROKER:
+            with self.cluster.broker_lock:  # one broker down at a time: the other two serve
+                victim = several.owner_index(admin, self.topic, timeout_s=60)
+                several.kill_broker(victim)
+                self.cluster.broker_kills.append(time.monotonic())
+                killed = time.monotonic()
+                heir = several.owner_index(admin, self.topic, timeout_s=90, other_than=victim)
+                self.notes.append(f"killed broker {victim}, which owned the topic; broker {heir} took it after "
+                                  f"{time.monotonic() - killed:.1f} s")  # fmt: skip
+                time.sleep(fault.down_s)
+                several.start_broker(victim)
+        return True
+
+    def move_elsewhere(self, several: MultiBrokerCluster, pick: int) -> None:
+        """Move the topic's bundle to one of the brokers that does not own it (`pick` chooses which)."""
+        owner = several.owner_index(self.cluster.admin, self.topic, timeout_s=60)
+        others = [i for i in range(len(several.ports)) if i != owner]
+        took = several.move_topic(self.cluster.admin, self.topic, others[pick % len(others)])
+        self.notes.append(f"moved from broker {owner} to {others[pick % len(others)]} in {took:.1f} s")
 
     def kill_broker(self) -> bool:
         """`kill -9` of the broker while the producers send: no shutdown, no flush; then a start on its data."""
