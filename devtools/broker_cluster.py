@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -36,12 +35,12 @@ from devtools.local_cluster import (
     REPO_ROOT,
     WATERMARK_COMPACTION_THRESHOLD_BYTES,
     ClusterError,
-    _pid_alive,
-    _signal_group,
     check_java,
     ensure_pulsar_jars,
     port_free,
+    recorded_pid,
     say,
+    stop_recorded,
 )
 from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.settings import PulsarSettings
@@ -126,12 +125,7 @@ class MultiBrokerCluster:
         return self.home / f"{name}.pid"
 
     def running_pid(self, name: str) -> int | None:
-        path = self._pid_file(name)
-        try:
-            pid = int(path.read_text().strip())
-        except (OSError, ValueError):
-            return None
-        return pid if _pid_alive(pid) else None
+        return recorded_pid(self._pid_file(name))
 
     def _java(self, name: str, main_class: str, args: list[str], heap: str, extra: list[str] | None = None) -> int:
         """Start one JVM of the cluster in its own session (so a signal reaches only it), logging to `name`.log."""
@@ -401,13 +395,7 @@ class MultiBrokerCluster:
         self._kill(f"generator-{index}")
 
     def _kill(self, name: str) -> None:
-        pid = self.running_pid(name)
-        self._pid_file(name).unlink(missing_ok=True)
-        if pid is None:
-            return
-        _signal_group(pid, signal.SIGKILL)
-        while _pid_alive(pid):
-            time.sleep(0.1)
+        stop_recorded(self._pid_file(name), grace_s=0)
 
     def _names(self) -> list[str]:
         """Every process of the cluster, those to stop first first: the configured ones and any with a pid
@@ -424,22 +412,11 @@ class MultiBrokerCluster:
 
     def down(self) -> list[str]:
         """Stop generators, brokers, bookies and the metadata store, in that order, by their recorded pids."""
-        stopped = []
-        for name in self._names():
-            pid = self.running_pid(name)
-            self._pid_file(name).unlink(missing_ok=True)
-            if pid is None:
-                continue
-            _signal_group(pid, signal.SIGTERM)
-            deadline = time.monotonic() + (10 if name.startswith("generator") else 20)
-            while _pid_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            if _pid_alive(pid):
-                _signal_group(pid, signal.SIGKILL)
-                while _pid_alive(pid):
-                    time.sleep(0.1)
-            stopped.append(name)
-        return stopped
+        return [
+            name
+            for name in self._names()
+            if stop_recorded(self._pid_file(name), grace_s=10 if name.startswith("generator") else 20)
+        ]
 
     def status(self) -> dict[str, int | None]:
         return {name: self.running_pid(name) for name in reversed(self._names())}
