@@ -151,7 +151,8 @@ def run_many(
             )
             for violation in result.violations:
                 say(f"  VIOLATION {violation}  (reproduce: python -m tests.chaos --only {seed})")
-            for note in result.notes if verbose or result.violations else [n for n in result.notes if "kept" in n]:
+            shown = [n for n in result.notes if "kept" in n or "timed out" in n]
+            for note in result.notes if verbose or result.violations else shown:
                 say(f"  note: {note}")
         return result
 
@@ -180,6 +181,7 @@ def summary(results: list[ScenarioResult], elapsed_s: float) -> dict[str, object
         "final_watermark_after_faults_p50_s": round(statistics.median(recoveries), 2) if recoveries else None,
         "final_watermark_after_faults_max_s": round(max(recoveries), 2) if recoveries else None,
         **oracle.totals(r.oracle for r in results),
+        "producer_sends_timed_out": sum("send timed out" in n for r in results for n in r.notes),
         "elapsed_s": round(elapsed_s, 1),
         "seeds": [r.seed for r in results],
     }
