@@ -142,7 +142,7 @@ SEND_TIMEOUT_MS = 90_000
 than any broker restart or failover here (a killed broker's bundles move after its 10 s session). Found
 on several brokers (seed 24084): after a bundle split and an unload, a Pulsar C++ client producer
 (pulsar-client 3.x) may never reconnect; its sends wait for ever and the broker lists no such
-producer (a known class of Pulsar client bugs around topic moves, e.g. apache/pulsar#6416)."""
+producer: a send that races an unload can be dropped by the broker without an answer (apache/pulsar#21134)."""
 MOVE_SPACING_S = 1.0
 """The least time between two moves of one subscription with its consumers attached (see `move_back_attached`)."""
 ACKNOWLEDGED_WAIT_S = 15.0
