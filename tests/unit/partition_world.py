@@ -70,6 +70,7 @@ class World:
     generator_cursor: tuple[int, int] = (-1, -1)
     delivery: Delivery | None = None
     tables: list[tuple[float, WatermarkEvent]] = field(default_factory=list)
+    last_table: tuple[WatermarkEvent, ...] = ()
     head_watermarks: list[HeadWatermark] = field(default_factory=list)
     refused: list[RebuildRefused] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
@@ -153,10 +154,9 @@ class World:
 
     def latest_table_holds(self, subscription: str) -> WatermarkEvent | None:
         """The subscription's event in the very latest table, None if that table does not hold it."""
-        if not self.tables:
-            return None
-        last_seq = self.tables[-1][1].seq
-        return next((e for _, e in self.tables if e.seq == last_seq and e.subscription == subscription), None)
+        # the last table published, not the events with the last `seq`: two owners (a take-over) at the
+        # world's same instant give their tables the same seq (it derives from the clock)
+        return next((e for e in self.last_table if e.subscription == subscription), None)
 
     # -- driving engines ----------------------------------------------------------------------------
 
@@ -196,6 +196,7 @@ class World:
             self.generator_cursor = command.position[:2]
         elif isinstance(command, PublishTable):
             self.tables.extend((self.now, event) for event in command.events)
+            self.last_table = command.events
         elif isinstance(command, HeadWatermark):
             self.head_watermarks.append(command)
         elif isinstance(command, RebuildRefused):
