@@ -34,7 +34,6 @@ from consumer.engine import (
     Acknowledged,
     Command,
     Deliver,
-    Event,
     HandWatermark,
     NegativelyAcknowledged,
     Received,
@@ -83,8 +82,6 @@ class WatermarkConsumer:
         self.late_messages = 0
         self.malformed_markers: Counter[str] = Counter()
         self._late: weakref.WeakSet[pulsar.Message] = weakref.WeakSet()
-        self._last: tuple[object, tuple[int, Position]] = (None, (-1, (-1, -1, -1)))
-        """The message received last and its (partition, position): `acknowledge` looks it up first."""
         self._handed: Watermark | None = None
         """Listener: the watermark handed to it last (None: none yet, or withdrawn)."""
         self._closed = False
@@ -94,6 +91,8 @@ class WatermarkConsumer:
         self._room = max(1, int(subscribe_options.get("receiver_queue_size", 1000)))
         self._dispatcher: threading.Thread | None = None
         self._subscribed = threading.Event()
+        self._replacing = False
+        """A seek is replacing the consumer (`_renew`): calls wait for `_subscribed` instead of taking the hot path."""
         """Set once `subscribe` returned: the client may call the listener before it does."""
         # A broker that is down, a wrong URL, a missing namespace or a refused token: one clear error,
         # and no thread or reader left running behind it.
@@ -115,13 +114,15 @@ class WatermarkConsumer:
                 self._subscribe: Callable[[], pulsar.Consumer] = functools.partial(
                     client.subscribe, topic, subscription, **subscribe_options
                 )
-                self._consumer = self._subscribe()
+                self._attach(self._subscribe())
             except BaseException:
                 self._subscribed.set()
                 self._stop_dispatcher()
                 self._feed.close()
                 raise
         self._subscribed.set()
+        self._unnamed_partition = self._feed.partition_of(-1)
+        """Our name of the partition of a message id with index -1 (the topic's, or one partition's)."""
         self._inclusive_seek = bool(subscribe_options.get("start_message_id_inclusive", False))
         self._warning = threading.Timer(no_watermark_warning_s, self._warn_if_no_watermark)
         self._warning.daemon = True
@@ -152,39 +153,42 @@ class WatermarkConsumer:
 
     def _position(self, message_or_id: Any) -> tuple[int, Position]:
         """(partition, position) of a message or a message id, as the feed names partitions."""
-        last = self._last  # one read: the client's listener thread replaces it
-        if message_or_id is last[0]:  # the message received last: acknowledged right after, mostly
-            return last[1]
+        at = getattr(message_or_id, "_wm_at", None)  # set by `_taken` on every message received
+        if at is not None:
+            return at  # type: ignore[no-any-return]
         msg_id = message_or_id.message_id() if hasattr(message_or_id, "message_id") else message_or_id
         partition = self._feed.partition_of(msg_id.partition())
         return partition, position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
 
-    def _received_quietly(self, message: pulsar.Message) -> bool:
-        """A data message the engine delivers with nothing else to do (`ConsumerEngine.received_quietly`);
-        False: nothing changed, `_received` it."""
-        raw = message._message
-        if MARKER_PROPERTY in raw.properties():
-            return False
+    def _wrap(self, raw: Any) -> tuple[pulsar.Message, bool]:
+        """The `pulsar.Message` of what the client's binding returned, as the client wraps it, with its
+        (partition, position) as `_wm_at` (`acknowledge` reads it back); whether it is a marker."""
+        marker = MARKER_PROPERTY in raw.properties()
         msg_id = raw.message_id()
         index = msg_id.partition()
-        partition = self._feed.partition_of(index) if index < 0 else index
-        position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
-        self._last = (message, (partition, position))
-        return self._feed.received_quietly(partition, position)
+        message = pulsar.Message()
+        message._message = raw
+        message._schema = self._schema
+        message._wm_at = (
+            index if index >= 0 else self._unnamed_partition,
+            (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index()),
+        )
+        return message, marker
 
-    def _received(self, message: pulsar.Message) -> list[Command]:
-        """Tell the engine a message arrived; count a marker (the engine skips and acknowledges it)."""
-        properties = message._message.properties()  # the client's own call, one Python frame less
-        marker = MARKER_PROPERTY in properties
-        msg_id = message._message.message_id()
-        index = msg_id.partition()
-        partition = self._feed.partition_of(index) if index < 0 else index
-        position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
-        self._last = (message, (partition, position))
-        commands = self._feed.report(Received(partition, position, message, marker))
+    def _taken(self, message: pulsar.Message, marker: bool) -> bool:
+        """Tell the engine a message arrived (the hot path first: `ConsumerEngine.received_quietly`);
+        whether it is delivered. A marker is counted (the engine skips and acknowledges it)."""
+        partition, position = message._wm_at
+        feed = self._feed
+        if not marker:
+            with feed.lock:
+                quiet = feed.engine.received_quietly(partition, position)
+            if quiet:
+                return True
+        commands = feed.report(Received(partition, position, message, marker))
         if marker:
-            self._count_marker(message, properties, position)
-        return commands
+            self._count_marker(message, message._message.properties(), position)
+        return any(type(command) is Deliver for command in commands)
 
     def _count_marker(self, message: pulsar.Message, properties: dict[str, str], position: Position) -> None:
         """Count a hidden marker (and log a malformed one once per kind)."""
@@ -219,55 +223,46 @@ class WatermarkConsumer:
         if self._listener is not None:
             raise RuntimeError("this consumer has a listener; messages go to it, not to receive()")
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
+        left = timeout_millis
         while True:
-            message = self._receive_before(deadline)
-            if self._received_quietly(message):
+            message, marker = self._wrap(self._receive_raw(left))
+            if self._taken(message, marker):
                 current = self._feed.engine.current
                 if current is not None:
                     self._note_lateness(message, current)
                 return message
-            for command in self._received(message):
-                if type(command) is Deliver:
-                    current = self._feed.engine.current
-                    if current is not None:
-                        self._note_lateness(message, current)
-                    return message
+            if deadline is not None:
+                left = max(0, int((deadline - time.monotonic()) * 1000))
 
     def batch_receive(self) -> list[pulsar.Message]:
         """The client's `batch_receive` (see its `batch_receive_policy`) with the markers taken out (they are
         acknowledged here), and the seek target Pulsar would deliver again; may be empty."""
         if self._listener is not None:
             raise RuntimeError("this consumer has a listener; messages go to it, not to batch_receive()")
-        messages = self._on_consumer(lambda c: c.batch_receive())
-        events: list[Event] = []
-        for message in messages:
-            properties = message._message.properties()
-            msg_id = message._message.message_id()
-            index = msg_id.partition()
-            partition = self._feed.partition_of(index) if index < 0 else index
-            position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
-            marker = MARKER_PROPERTY in properties
-            if marker:
-                self._count_marker(message, properties, position)
-            events.append(Received(partition, position, message, marker))
-        delivered = [
-            message for message, commands in zip(messages, self._feed.report_all(events), strict=True)
-            if any(type(command) is Deliver for command in commands)
-        ]  # fmt: skip
+        raws = self._on_raw(lambda c: c.batch_receive())
+        delivered = []
+        for raw in raws:
+            message, marker = self._wrap(raw)
+            if self._taken(message, marker):
+                delivered.append(message)
         current = self._feed.engine.current
         if current is not None:
             for message in delivered:
                 self._note_lateness(message, current)
         return delivered
 
-    def _receive_before(self, deadline: float | None) -> pulsar.Message:
-        """The Pulsar consumer's next message, waiting at most until `deadline` (None: as long as it takes)."""
-        left = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-        if self._subscribed.is_set():  # the hot path: no seek is replacing the consumer
-            consumer = self._consumer
-            with contextlib.suppress(pulsar.AlreadyClosed):
-                return consumer.receive(left)
-        return self._on_consumer(lambda c: c.receive(left))
+    def _receive_raw(self, timeout_millis: int | None) -> Any:
+        """The next message from the client's binding (`_pulsar`, what `pulsar.Consumer.receive` calls), waiting
+        at most `timeout_millis` (None: as long as it takes)."""
+        if not self._replacing:  # the hot path: no seek is replacing the consumer
+            raw = self._raw
+            try:
+                return raw.receive() if timeout_millis is None else raw.receive(timeout_millis)
+            except pulsar.AlreadyClosed:
+                pass
+        if timeout_millis is None:
+            return self._on_raw(lambda c: c.receive())
+        return self._on_raw(lambda c: c.receive(timeout_millis))
 
     def _on_message(self, _consumer: pulsar.Consumer, message: pulsar.Message) -> None:
         """Runs on the client's listener thread: tell the engine; its deliveries go to the dispatcher.
@@ -283,7 +278,8 @@ class WatermarkConsumer:
             with self._inbox_changed:
                 while self._feed.engine.pending + len(self._inbox) >= self._room and not self._closed:
                     self._inbox_changed.wait(0.5)
-            self._received(message)
+            message, marker = self._wrap(message._message)
+            self._taken(message, marker)
         except Exception:
             if self._closed:  # closed meanwhile (e.g. acknowledging a marker): the broker redelivers it
                 log.debug("message %s of %s arrived while closing", message.message_id(), self.topic, exc_info=True)
@@ -331,17 +327,21 @@ class WatermarkConsumer:
         """Acknowledge a message or message id; held back while it would let the subscription pass a
         position it moved back to before the watermark recomputed there has arrived (then sent)."""
         partition, position = self._position(message)
-        if self._feed.acknowledged_quietly(partition, position):
+        feed = self._feed
+        with feed.lock:
+            quiet = feed.engine.acknowledged_quietly(partition, position)
+        if quiet:
             self._send_acknowledgement(message)
         else:
-            self._feed.report(Acknowledged(partition, position, functools.partial(self._send_acknowledgement, message)))
+            feed.report(Acknowledged(partition, position, functools.partial(self._send_acknowledgement, message)))
 
     def _send_acknowledgement(self, message: Any) -> None:
-        if self._subscribed.is_set():  # the hot path: no seek is replacing the consumer
-            consumer = self._consumer
-            with contextlib.suppress(pulsar.AlreadyClosed):
-                consumer.acknowledge(message)
+        if not self._replacing and type(message) is pulsar.Message:  # the hot path: the binding's own call
+            try:
+                self._raw.acknowledge(message._message)
                 return
+            except pulsar.AlreadyClosed:
+                pass
         self._on_consumer(lambda c: c.acknowledge(message))
 
     def acknowledge_cumulative(self, message: Any) -> None:
@@ -352,6 +352,16 @@ class WatermarkConsumer:
     def negative_acknowledge(self, message: Any) -> None:
         self._feed.report(NegativelyAcknowledged(*self._position(message)))
         self._on_consumer(lambda c: c.negative_acknowledge(message))
+
+    def _on_raw(self, action: Callable[[Any], T]) -> T:
+        """`_on_consumer` on the client's binding (`pulsar.Consumer._consumer`)."""
+        return self._on_consumer(lambda c: action(c._consumer))
+
+    def _attach(self, consumer: pulsar.Consumer) -> None:
+        """Take `consumer` (from `subscribe`) as the one every call goes to."""
+        self._consumer = consumer
+        self._raw = consumer._consumer
+        self._schema = consumer._schema
 
     def _on_consumer(self, action: Callable[[pulsar.Consumer], T]) -> T:
         """`action(consumer)` on the current Pulsar consumer; once more on its successor if a seek replaced it
@@ -411,12 +421,14 @@ class WatermarkConsumer:
         acknowledgements (`_on_consumer`) wait for the new consumer.
         """
         self._subscribed.clear()
+        self._replacing = True
         try:
             with contextlib.suppress(pulsar.PulsarException):
                 self._consumer.close()
             with explained(service_url=service_url_of(self._client), topic=self.topic, doing="subscribe again to"):
-                self._consumer = self._subscribe()
+                self._attach(self._subscribe())
         finally:
+            self._replacing = False
             self._subscribed.set()
 
     def _skips_target(self, target: Any) -> bool:
