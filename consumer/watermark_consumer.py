@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 NO_WATERMARK_WARNING_S = 30.0
+LISTENER_POLL_MS = 50
+"""How long the listener's thread waits in `receive` before it hands over what the feed queued meanwhile."""
 _STOP = object()
 
 
@@ -91,9 +93,14 @@ class WatermarkConsumer:
         self._room = max(1, int(subscribe_options.get("receiver_queue_size", 1000)))
         self._dispatcher: threading.Thread | None = None
         self._subscribed = threading.Event()
+        """Set once `subscribe` returned, cleared while a seek replaces the consumer (`_renew`)."""
         self._replacing = False
         """A seek is replacing the consumer (`_renew`): calls wait for `_subscribed` instead of taking the hot path."""
-        """Set once `subscribe` returned: the client may call the listener before it does."""
+        self._receiving = threading.Lock()
+        """Listener: held by the dispatcher while it receives a message and tells the engine; a seek takes it,
+        so no message received before the seek is told after it."""
+        self._paused = False
+        self._dispatcher_waits = False
         # A broker that is down, a wrong URL, a missing namespace or a refused token: one clear error,
         # and no thread or reader left running behind it.
         with explained(service_url=service_url_of(client), topic=topic, doing="subscribe to"):
@@ -103,26 +110,21 @@ class WatermarkConsumer:
                 acknowledge=self._acknowledge_skipped,
             )  # fmt: skip
             try:
-                if listener is not None:
-                    if self._feed.current is not None:  # what the catch-up found, handed over first
-                        self._inbox.append(HandWatermark(self._feed.current))
-                    self._dispatcher = threading.Thread(
-                        target=self._dispatch, name=f"wm-listener-{subscription}", daemon=True
-                    )
-                    self._dispatcher.start()
-                    subscribe_options["message_listener"] = self._on_message
                 self._subscribe: Callable[[], pulsar.Consumer] = functools.partial(
                     client.subscribe, topic, subscription, **subscribe_options
                 )
                 self._attach(self._subscribe())
             except BaseException:
-                self._subscribed.set()
-                self._stop_dispatcher()
                 self._feed.close()
                 raise
         self._subscribed.set()
         self._unnamed_partition = self._feed.partition_of(-1)
         """Our name of the partition of a message id with index -1 (the topic's, or one partition's)."""
+        if listener is not None:
+            if self._feed.current is not None:  # what the catch-up found, handed over first
+                self._inbox.append(HandWatermark(self._feed.current))
+            self._dispatcher = threading.Thread(target=self._dispatch, name=f"wm-listener-{subscription}", daemon=True)
+            self._dispatcher.start()
         self._inclusive_seek = bool(subscribe_options.get("start_message_id_inclusive", False))
         self._warning = threading.Timer(no_watermark_warning_s, self._warn_if_no_watermark)
         self._warning.daemon = True
@@ -264,62 +266,96 @@ class WatermarkConsumer:
             return self._on_raw(lambda c: c.receive())
         return self._on_raw(lambda c: c.receive(timeout_millis))
 
-    def _on_message(self, _consumer: pulsar.Consumer, message: pulsar.Message) -> None:
-        """Runs on the client's listener thread: tell the engine; its deliveries go to the dispatcher.
-
-        Waits for `subscribe` to return first: the first messages can arrive before it does, and
-        acknowledging them (a marker here, data in the listener) needs the consumer it returns. Waits
-        while the listener has `receiver_queue_size` messages waiting, so the client keeps the rest.
-        """
-        self._subscribed.wait()
-        if self._closed or "_consumer" not in self.__dict__:
-            return
-        try:
-            with self._inbox_changed:
-                while self._feed.engine.pending + len(self._inbox) >= self._room and not self._closed:
-                    self._inbox_changed.wait(0.5)
-            message, marker = self._wrap(message._message)
-            self._taken(message, marker)
-        except Exception:
-            if self._closed:  # closed meanwhile (e.g. acknowledging a marker): the broker redelivers it
-                log.debug("message %s of %s arrived while closing", message.message_id(), self.topic, exc_info=True)
-            else:
-                log.exception("handling message %s of %s failed", message.message_id(), self.topic)
-
     def _perform(self, commands: list[Command]) -> None:
         """Listener (under the feed's lock): deliveries and watermarks to the dispatcher, in the engine's order."""
-        items = [c for c in commands if isinstance(c, Deliver | HandWatermark)]
+        items = [c for c in commands if type(c) is Deliver or type(c) is HandWatermark]
         if items:
-            with self._inbox_changed:
-                self._inbox.extend(items)
-                self._inbox_changed.notify_all()
+            self._inbox.extend(items)
+            if self._dispatcher_waits and threading.current_thread() is not self._dispatcher:
+                with self._inbox_changed:
+                    self._inbox_changed.notify_all()
 
     def _dispatch(self) -> None:
-        """The one thread that calls the listener, for messages and watermarks alike, in the engine's order."""
-        assert self._listener is not None
-        while True:
-            with self._inbox_changed:
-                while not self._inbox:
-                    self._inbox_changed.wait()
-                item = self._inbox.popleft()
-                self._inbox_changed.notify_all()
-            if item is _STOP or self._closed:
+        """The one thread that calls the listener, for messages and watermarks alike, in the engine's order.
+
+        It receives the messages itself (the client's `message_listener` costs a thread hop per message):
+        it tells the engine each one and hands over what the engine queued, its own deliveries and what the
+        feed's thread queued alike. While it waits in `receive` (at most `LISTENER_POLL_MS`) what the feed
+        queued waits too; it receives nothing while paused (`seek`) or while the listener has
+        `receiver_queue_size` messages waiting (a partition waits for a recomputed watermark), so the
+        client keeps the rest.
+        """
+        listener = self._listener
+        assert listener is not None
+        inbox, changed = self._inbox, self._inbox_changed
+        while not self._closed:
+            while inbox:
+                with changed:  # one at a time: a seek from the listener drops what it received before
+                    if not inbox:
+                        break
+                    item = inbox.popleft()
+                if item is _STOP or self._closed:
+                    return
+                try:
+                    if type(item) is Deliver:
+                        message: pulsar.Message = item.token
+                        handed = self._handed
+                        if handed is not None:
+                            self._note_lateness(message, handed)
+                        listener.received(self, message)
+                    elif isinstance(item, HandWatermark):
+                        self._handed = None if item.withdrawn else item.watermark
+                        if item.restated:
+                            continue
+                        if item.withdrawn:
+                            listener.watermark_withdrawn(self)
+                        else:
+                            listener.received_watermark(self, item.watermark)
+                except Exception:
+                    log.exception("the listener of %r on %s raised; continuing", self.subscription, self.topic)
+            if self._paused or self._feed.engine.pending >= self._room:
+                self._wait_for_inbox(0.5)
+                continue
+            self._receive_one()
+
+    def _receive_one(self) -> None:
+        """Dispatcher: receive a message (if one comes within `LISTENER_POLL_MS`) and tell the engine."""
+        with self._receiving:
+            if self._paused or self._closed:
                 return
             try:
-                if isinstance(item, HandWatermark):
-                    self._handed = None if item.withdrawn else item.watermark
-                    if item.restated:
-                        continue
-                    if item.withdrawn:
-                        self._listener.watermark_withdrawn(self)
-                    else:
-                        self._listener.received_watermark(self, item.watermark)
-                elif isinstance(item, Deliver):
-                    message: pulsar.Message = item.token
-                    self._note_lateness(message, self._handed)
-                    self._listener.received(self, message)
+                raw = self._raw.receive(LISTENER_POLL_MS)
+            except pulsar.Timeout:
+                return
+            except pulsar.AlreadyClosed:
+                if not self._closed:
+                    self._subscribed.wait(1)
+                return
+            message, marker = self._wrap(raw)
+            try:
+                self._taken(message, marker)  # the engine's deliveries come through `_perform`
             except Exception:
-                log.exception("the listener of %r on %s raised; continuing", self.subscription, self.topic)
+                if self._closed:  # closed meanwhile (e.g. acknowledging a marker): the broker redelivers it
+                    log.debug("message %s of %s arrived while closing", raw.message_id(), self.topic, exc_info=True)
+                else:
+                    log.exception("handling message %s of %s failed", raw.message_id(), self.topic)
+
+    def _wait_for_inbox(self, timeout: float) -> None:
+        with self._inbox_changed:
+            self._dispatcher_waits = True
+            if not self._inbox:
+                self._inbox_changed.wait(timeout)
+            self._dispatcher_waits = False
+
+    def pause_message_listener(self) -> None:
+        """No message goes to the listener until `resume_message_listener` (watermarks still do)."""
+        with self._receiving:
+            self._paused = True
+
+    def resume_message_listener(self) -> None:
+        self._paused = False
+        with self._inbox_changed:
+            self._inbox_changed.notify_all()
 
     # -- pass-through --------------------------------------------------------------------------------
 
@@ -403,7 +439,8 @@ class WatermarkConsumer:
             partitions = (self._feed.partition_of(index),) if one else None
             entry, skips = (target.ledger_id(), target.entry_id()), self._skips_target(target)
         if self._listener is not None:  # nothing comes in between: what is queued now came before the seek
-            self._consumer.pause_message_listener()
+            paused, self._paused = self._paused, True
+            self._receiving.acquire()
         try:
             self._feed.report(Sought(partitions, entry, skips))  # sends the acknowledgements held first
             self._drop_queued(partitions)
@@ -412,7 +449,8 @@ class WatermarkConsumer:
                 self._renew()
         finally:
             if self._listener is not None:
-                self._consumer.resume_message_listener()
+                self._receiving.release()
+                self._paused = paused
 
     def _renew(self) -> None:
         """Close the Pulsar consumer and subscribe again, so that no start message id stays behind (see `seek`).
@@ -443,7 +481,7 @@ class WatermarkConsumer:
         """Forget the deliveries of these partitions (None: all) waiting for the listener."""
         if self._listener is None:
             return
-        with self._inbox_changed:
+        with self._feed.lock, self._inbox_changed:  # the feed's thread adds to the inbox under its lock
             kept = [
                 item for item in self._inbox
                 if not isinstance(item, Deliver)
@@ -451,7 +489,6 @@ class WatermarkConsumer:
             ]  # fmt: skip
             self._inbox.clear()
             self._inbox.extend(kept)
-            self._inbox_changed.notify_all()
 
     def __getattr__(self, name: str) -> Any:
         """Everything else (`unsubscribe`, `pause_message_listener`, ...) is the underlying `pulsar.Consumer`'s."""
