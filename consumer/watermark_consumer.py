@@ -120,6 +120,9 @@ class WatermarkConsumer:
         self._subscribed.set()
         self._unnamed_partition = self._feed.partition_of(-1)
         """Our name of the partition of a message id with index -1 (the topic's, or one partition's)."""
+        one = self._feed.partitions == [self._unnamed_partition] and not self._feed.engine.follow_new
+        self._only_partition = self._unnamed_partition if one else None
+        """The one partition every message comes from (a topic without partitions, or one partition of one)."""
         if listener is not None:
             if self._feed.current is not None:  # what the catch-up found, handed over first
                 self._inbox.append(HandWatermark(self._feed.current))
@@ -167,14 +170,14 @@ class WatermarkConsumer:
         (partition, position) as `_wm_at` (`acknowledge` reads it back); whether it is a marker."""
         marker = MARKER_PROPERTY in raw.properties()
         msg_id = raw.message_id()
-        index = msg_id.partition()
+        partition = self._only_partition
+        if partition is None:
+            index = msg_id.partition()
+            partition = index if index >= 0 else self._unnamed_partition
         message = pulsar.Message()
         message._message = raw
         message._schema = self._schema
-        message._wm_at = (
-            index if index >= 0 else self._unnamed_partition,
-            (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index()),
-        )
+        message._wm_at = (partition, (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index()))
         return message, marker
 
     def _taken(self, message: pulsar.Message, marker: bool) -> bool:
@@ -226,12 +229,19 @@ class WatermarkConsumer:
             raise RuntimeError("this consumer has a listener; messages go to it, not to receive()")
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
         left = timeout_millis
+        feed = self._feed
         while True:
             message, marker = self._wrap(self._receive_raw(left))
-            if self._taken(message, marker):
-                current = self._feed.engine.current
+            if not marker:  # the hot path of `_taken`, inline
+                partition, position = message._wm_at
+                with feed.lock:
+                    quiet = feed.engine.received_quietly(partition, position)
+            if (not marker and quiet) or self._taken(message, marker):
+                current = feed.engine.current
                 if current is not None:
-                    self._note_lateness(message, current)
+                    event_time = message._message.event_timestamp()
+                    if event_time and event_time < current.event_time:
+                        self._note_lateness(message, current)
                 return message
             if deadline is not None:
                 left = max(0, int((deadline - time.monotonic()) * 1000))
@@ -241,12 +251,16 @@ class WatermarkConsumer:
         acknowledged here), and the seek target Pulsar would deliver again; may be empty."""
         if self._listener is not None:
             raise RuntimeError("this consumer has a listener; messages go to it, not to batch_receive()")
-        raws = self._on_raw(lambda c: c.batch_receive())
-        delivered = []
-        for raw in raws:
-            message, marker = self._wrap(raw)
-            if self._taken(message, marker):
-                delivered.append(message)
+        received = [self._wrap(raw) for raw in self._on_raw(lambda c: c.batch_receive())]
+        quiet = 0  # the hot path of `_taken` under one lock, up to the first message it does not take
+        with self._feed.lock:
+            engine = self._feed.engine
+            for message, marker in received:
+                if marker or not engine.received_quietly(*message._wm_at):
+                    break
+                quiet += 1
+        delivered = [message for message, _ in received[:quiet]]
+        delivered.extend(message for message, marker in received[quiet:] if self._taken(message, marker))
         current = self._feed.engine.current
         if current is not None:
             for message in delivered:
@@ -362,11 +376,18 @@ class WatermarkConsumer:
     def acknowledge(self, message: Any) -> None:
         """Acknowledge a message or message id; held back while it would let the subscription pass a
         position it moved back to before the watermark recomputed there has arrived (then sent)."""
-        partition, position = self._position(message)
+        at = getattr(message, "_wm_at", None)
+        partition, position = at if at is not None else self._position(message)
         feed = self._feed
         with feed.lock:
             quiet = feed.engine.acknowledged_quietly(partition, position)
         if quiet:
+            if not self._replacing and at is not None:  # the hot path of `_send_acknowledgement`, inline
+                try:
+                    self._raw.acknowledge(message._message)
+                    return
+                except pulsar.AlreadyClosed:
+                    pass
             self._send_acknowledgement(message)
         else:
             feed.report(Acknowledged(partition, position, functools.partial(self._send_acknowledgement, message)))

@@ -167,20 +167,6 @@ class WatermarkFeed:
         with self.lock:
             return self.engine.acknowledged_quietly(partition, position)
 
-    def report_all(self, events: list[Event]) -> list[list[Command]]:
-        """`report` for many events under one lock (a batch received): the commands of each."""
-        with self.lock:
-            now = time.monotonic()
-            answers = [self.engine.handle(event, now) for event in events]
-            if self._perform is not None:
-                for commands in answers:
-                    if commands:
-                        self._perform(commands)
-        for commands in answers:
-            if commands:
-                self._send_acknowledgements(commands)
-        return answers
-
     def _feed(self, event: Event) -> None:
         """An event the feed itself read or timed: its commands carried out, the change told."""
         with self.lock:
