@@ -230,12 +230,22 @@ class WatermarkConsumer:
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
         left = timeout_millis
         feed = self._feed
+        lock, engine = feed.lock, feed.engine
         while True:
-            message, marker = self._wrap(self._receive_raw(left))
+            raw = None
+            if not self._replacing:  # the hot path of `_receive_raw`, inline
+                try:  # noqa: SIM105 (`contextlib.suppress` costs per message)
+                    raw = self._raw.receive() if left is None else self._raw.receive(left)
+                except pulsar.AlreadyClosed:
+                    pass
+            message, marker = self._wrap(raw if raw is not None else self._receive_raw(left))
             if not marker:  # the hot path of `_taken`, inline
                 partition, position = message._wm_at
-                with feed.lock:
-                    quiet = feed.engine.received_quietly(partition, position)
+                lock.acquire()  # not `with`: a little cheaper, and this runs per message
+                try:
+                    quiet = engine.received_quietly(partition, position)
+                finally:
+                    lock.release()
             if (not marker and quiet) or self._taken(message, marker):
                 current = feed.engine.current
                 if current is not None:
@@ -362,7 +372,8 @@ class WatermarkConsumer:
             self._dispatcher_waits = False
 
     def pause_message_listener(self) -> None:
-        """No message goes to the listener until `resume_message_listener` (watermarks still do)."""
+        """Receive nothing more for the listener until `resume_message_listener` (what was received before,
+        and watermarks, still go to it). The consumer's own: its thread receives, not the client's listener."""
         with self._receiving:
             self._paused = True
 
@@ -379,8 +390,12 @@ class WatermarkConsumer:
         at = getattr(message, "_wm_at", None)
         partition, position = at if at is not None else self._position(message)
         feed = self._feed
-        with feed.lock:
+        lock = feed.lock
+        lock.acquire()  # not `with`: a little cheaper, and this runs per message
+        try:
             quiet = feed.engine.acknowledged_quietly(partition, position)
+        finally:
+            lock.release()
         if quiet:
             if not self._replacing and at is not None:  # the hot path of `_send_acknowledgement`, inline
                 try:
@@ -476,8 +491,8 @@ class WatermarkConsumer:
     def _renew(self) -> None:
         """Close the Pulsar consumer and subscribe again, so that no start message id stays behind (see `seek`).
 
-        Closing sends the acknowledgements it still groups; meanwhile the listener's callback and
-        acknowledgements (`_on_consumer`) wait for the new consumer.
+        Closing sends the acknowledgements it still groups; meanwhile acknowledgements (`_on_consumer`) wait
+        for the new consumer, and the listener's thread receives nothing (`seek` holds `_receiving`).
         """
         self._subscribed.clear()
         self._replacing = True
@@ -512,7 +527,7 @@ class WatermarkConsumer:
             self._inbox.extend(kept)
 
     def __getattr__(self, name: str) -> Any:
-        """Everything else (`unsubscribe`, `pause_message_listener`, ...) is the underlying `pulsar.Consumer`'s."""
+        """Everything else (`unsubscribe`, `get_last_message_id`, ...) is the underlying `pulsar.Consumer`'s."""
         return getattr(self._consumer, name)
 
     def close(self) -> None:
