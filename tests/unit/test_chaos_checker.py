@@ -163,6 +163,12 @@ def test_a_watermark_that_goes_back_without_moving_back_is_found_and_withdrawals
     withdrawn = instance("c2", [WatermarkSeen(100, 1.0), WatermarkWithdrawn(2.0), Delivery("a", "p0", 5, 3.0)])
     assert check_premature(withdrawn, honest={"p0"}) == [], "no watermark held"
     assert [v.check for v in check_withdrawn(withdrawn)] == ["watermark-withdrawn"]
+    # an inactive Failover consumer that sought by publish time hears nothing for the whole wait: it
+    # cannot tell where its seek landed, and withdrawing is right (seed 26000)
+    unheard = instance("c3", [WatermarkSeen(100, 1.0), WatermarkWithdrawn(32.0)])
+    assert check_withdrawn(unheard) == []
+    heard = instance("c4", [WatermarkSeen(100, 1.0), Delivery("a", "p0", 5, 20.0), WatermarkWithdrawn(32.0)])
+    assert [v.check for v in check_withdrawn(heard)] == ["watermark-withdrawn"]
 
 
 def test_a_message_at_or_before_the_held_watermarks_position_is_stale() -> None:
