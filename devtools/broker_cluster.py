@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -37,6 +38,7 @@ from devtools.local_cluster import (
     ClusterError,
     check_java,
     ensure_pulsar_jars,
+    free_listen_port,
     port_free,
     recorded_pid,
     say,
@@ -363,6 +365,26 @@ class MultiBrokerCluster:
             while self.owner(admin, topic) != target.admin_url and time.monotonic() < deadline:
                 time.sleep(0.05)
         return time.monotonic() - started
+
+    def move_elsewhere(self, admin: PulsarAdmin, topic: str, avoid: set[int] | None = None, pick: int = 0) -> int:
+        """Move `topic`'s bundle to a broker that does not own it and is not in `avoid` (`pick` chooses among
+        them); that broker's index."""
+        owner = self.owner_index(admin, topic, timeout_s=60)
+        others = [i for i in range(len(self.ports)) if i != owner and i not in (avoid or set())]
+        to = others[pick % len(others)]
+        self.move_topic(admin, topic, to)
+        return to
+
+    @classmethod
+    def on_free_ports(cls, state_dir: Path, brokers: int, **options: Any) -> MultiBrokerCluster:
+        """A cluster of `brokers` brokers, one bookie and its metadata store on free loopback ports (tests, chaos)."""
+        return cls(
+            state_dir=state_dir,
+            ports=[BrokerPorts(free_listen_port(), free_listen_port()) for _ in range(brokers)],
+            bookie_ports=[free_listen_port()],
+            zookeeper_port=free_listen_port(),
+            **options,
+        )
 
     @staticmethod
     def owner(admin: PulsarAdmin, topic: str) -> str | None:

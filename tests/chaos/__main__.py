@@ -30,8 +30,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from devtools.broker_cluster import BrokerPorts, MultiBrokerCluster
-from devtools.local_cluster import free_listen_port
+from devtools.broker_cluster import MultiBrokerCluster
 from pulsar_access.admin import PulsarAdmin
 from tests.chaos import oracle
 from tests.chaos.checker import Violation
@@ -61,13 +60,7 @@ def chaos_cluster(work: Path, keep_history: bool = True) -> Iterator[Cluster]:
 def several_brokers_cluster(work: Path, brokers: int, keep_history: bool = True) -> Iterator[Cluster]:
     """A cluster of `brokers` brokers of the run's own, on free ports; every scenario starts its own generator
     (none of the cluster's), and clients and admin calls get every broker's address."""
-    several = MultiBrokerCluster(
-        state_dir=work / "cluster",
-        ports=[BrokerPorts(free_listen_port(), free_listen_port()) for _ in range(brokers)],
-        bookie_ports=[free_listen_port()],
-        zookeeper_port=free_listen_port(),
-        generators=0,
-    )
+    several = MultiBrokerCluster.on_free_ports(work / "cluster", brokers, generators=0)
     try:
         several.up()
         settings = several.settings()
