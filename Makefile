@@ -48,9 +48,11 @@ bench: $(STAMP)
 	$(PY) -m bench
 
 # Randomized fault scenarios on a local broker of its own; CHAOS_SEED=N reproduces a run.
-CHAOS_SCENARIOS ?= 200
+# CLUSTER=multi: on a cluster of several brokers of its own (BROKERS=3), with topics moved and brokers killed.
+CHAOS_SCENARIOS ?= $(if $(filter multi,$(CLUSTER)),100,200)
 chaos: $(STAMP)
-	$(PY) -m tests.chaos --scenarios $(CHAOS_SCENARIOS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) --record
+	$(PY) -m tests.chaos --scenarios $(CHAOS_SCENARIOS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) \
+		$(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(BROKERS),--brokers $(BROKERS)) --record
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

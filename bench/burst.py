@@ -106,8 +106,14 @@ class _Topics:
             producer.close(idle=False)
 
 
-CALLS = ("internalStats", "stats", "metrics", "partitioned-stats-summed", "partitioned-stats",
-         "partitioned-internalStats")
+CALLS = (
+    "internalStats",
+    "stats",
+    "metrics",
+    "partitioned-stats-summed",
+    "partitioned-stats",
+    "partitioned-internalStats",
+)
 
 
 def _calls(gen: Generator) -> dict[str, float]:
@@ -198,8 +204,10 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
             gen.kill()
         acking.close()
     rate = wsets_with / BURST_MEASURE_S
-    say(f"  with it: broker {with_gen:.3f}, generator {gen_share:.3f} of a core over {wsets_with} W_SETs; admin calls "
-        f"meanwhile {calls}")
+    say(
+        f"  with it: broker {with_gen:.3f}, generator {gen_share:.3f} of a core over {wsets_with} W_SETs; admin calls "
+        f"meanwhile {calls}"
+    )
     with record.lock:  # only the W_SETs acknowledged while measuring
         record.acked = {key: at for key, at in record.acked.items()
                         if measured_from <= at <= measured_from + BURST_MEASURE_S}  # fmt: skip
@@ -307,8 +315,12 @@ def slow_ack(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin
     stop = threading.Event()
     try:
         takeover = gen.wait_published(topics, within_s=600)
-        calls_before, gen_cpu, broker_cpu, started = _calls(gen), gen.cpu_seconds(), process_cpu_seconds(broker), \
-            time.perf_counter()
+        calls_before, gen_cpu, broker_cpu, started = (
+            _calls(gen),
+            gen.cpu_seconds(),
+            process_cpu_seconds(broker),
+            time.perf_counter(),
+        )
         say(f"  {topics} topics taken over in {takeover:.0f} s; one W_SET per topic per {SLOW_PERIOD_S:.0f} s, "
             f"each acknowledged {SLOW_ACK_DELAY_S:.0f} s after it arrives, for {SLOW_MEASURE_S:.0f} s")  # fmt: skip
 

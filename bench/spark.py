@@ -393,6 +393,7 @@ def sink_exactly_once_vs_at_least_once(
     spark: Any, client: pulsar.Client, admin: PulsarAdmin
 ) -> dict[str, float | int | str]:
     import spark_sink
+    from spark_sink.sink import ENTRY_ROWS
 
     spark_sink.register(spark)
     source = f"persistent://public/default/bench-sink-in-{uuid.uuid4().hex[:6]}"
@@ -424,8 +425,8 @@ def sink_exactly_once_vs_at_least_once(
         "sink_exactly_once_vs_at_least_once_rate_how": (
             f"{SINK_MESSAGES} messages of 100 B on a 2-partition topic, read to the end (Trigger.AvailableNow, "
             "local[2]) and written to a fresh non-partitioned topic by the pulsar-watermark sink; rows/s from "
-            "the query's start to its end, exactly once (deduplication on, sorted rows, sequence ids, one row per "
-            "entry) over at least once (deduplication off, client batching); median of "
+            "the query's start to its end, exactly once (deduplication on, sorted rows, sequence ids, entries of up "
+            f"to {ENTRY_ROWS} rows cut by a flush) over at least once (deduplication off, client batching); median of "
             f"{SINK_ROUNDS} interleaved rounds each, after an untimed "
             "warm-up query"
         ),

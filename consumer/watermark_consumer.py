@@ -34,7 +34,6 @@ from consumer.engine import (
     Acknowledged,
     Command,
     Deliver,
-    Event,
     HandWatermark,
     NegativelyAcknowledged,
     Received,
@@ -56,6 +55,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 NO_WATERMARK_WARNING_S = 30.0
+LISTENER_POLL_MS = 50
+"""How long the listener's thread waits in `receive` before it hands over what the feed queued meanwhile."""
 _STOP = object()
 
 
@@ -88,8 +89,6 @@ class WatermarkConsumer:
         self.late_messages = 0
         self.malformed_markers: Counter[str] = Counter()
         self._late: weakref.WeakSet[pulsar.Message] = weakref.WeakSet()
-        self._last: tuple[object, tuple[int, Position]] = (None, (-1, (-1, -1, -1)))
-        """The message received last and its (partition, position): `acknowledge` looks it up first."""
         self._handed: Watermark | None = None
         """Listener: the watermark handed to it last (None: none yet, or withdrawn)."""
         self._closed = False
@@ -99,7 +98,14 @@ class WatermarkConsumer:
         self._room = max(1, int(subscribe_options.get("receiver_queue_size", 1000)))
         self._dispatcher: threading.Thread | None = None
         self._subscribed = threading.Event()
-        """Set once `subscribe` returned: the client may call the listener before it does."""
+        """Set once `subscribe` returned, cleared while a seek replaces the consumer (`_renew`)."""
+        self._replacing = False
+        """A seek is replacing the consumer (`_renew`): calls wait for `_subscribed` instead of taking the hot path."""
+        self._receiving = threading.Lock()
+        """Listener: held by the dispatcher while it receives a message and tells the engine; a seek takes it,
+        so no message received before the seek is told after it."""
+        self._paused = False
+        self._dispatcher_waits = False
         # A broker that is down, a wrong URL, a missing namespace or a refused token: one clear error,
         # and no thread or reader left running behind it.
         with explained(service_url=service_url_of(client), topic=topic, doing="subscribe to"):
@@ -109,24 +115,24 @@ class WatermarkConsumer:
                 acknowledge=self._acknowledge_skipped, admin_url=admin_url,
             )  # fmt: skip
             try:
-                if listener is not None:
-                    if self._feed.current is not None:  # what the catch-up found, handed over first
-                        self._inbox.append(HandWatermark(self._feed.current))
-                    self._dispatcher = threading.Thread(
-                        target=self._dispatch, name=f"wm-listener-{subscription}", daemon=True
-                    )
-                    self._dispatcher.start()
-                    subscribe_options["message_listener"] = self._on_message
                 self._subscribe: Callable[[], pulsar.Consumer] = functools.partial(
                     client.subscribe, topic, subscription, **subscribe_options
                 )
-                self._consumer = self._subscribe()
+                self._attach(self._subscribe())
             except BaseException:
-                self._subscribed.set()
-                self._stop_dispatcher()
                 self._feed.close()
                 raise
         self._subscribed.set()
+        self._unnamed_partition = self._feed.partition_of(-1)
+        """Our name of the partition of a message id with index -1 (the topic's, or one partition's)."""
+        one = self._feed.partitions == [self._unnamed_partition] and not self._feed.engine.follow_new
+        self._only_partition = self._unnamed_partition if one else None
+        """The one partition every message comes from (a topic without partitions, or one partition of one)."""
+        if listener is not None:
+            if self._feed.current is not None:  # what the catch-up found, handed over first
+                self._inbox.append(HandWatermark(self._feed.current))
+            self._dispatcher = threading.Thread(target=self._dispatch, name=f"wm-listener-{subscription}", daemon=True)
+            self._dispatcher.start()
         self._inclusive_seek = bool(subscribe_options.get("start_message_id_inclusive", False))
         self._warning = threading.Timer(no_watermark_warning_s, self._warn_if_no_watermark)
         self._warning.daemon = True
@@ -157,39 +163,42 @@ class WatermarkConsumer:
 
     def _position(self, message_or_id: Any) -> tuple[int, Position]:
         """(partition, position) of a message or a message id, as the feed names partitions."""
-        last = self._last  # one read: the client's listener thread replaces it
-        if message_or_id is last[0]:  # the message received last: acknowledged right after, mostly
-            return last[1]
+        at = getattr(message_or_id, "_wm_at", None)  # set by `_taken` on every message received
+        if at is not None:
+            return at  # type: ignore[no-any-return]
         msg_id = message_or_id.message_id() if hasattr(message_or_id, "message_id") else message_or_id
         partition = self._feed.partition_of(msg_id.partition())
         return partition, position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
 
-    def _received_quietly(self, message: pulsar.Message) -> bool:
-        """A data message the engine delivers with nothing else to do (`ConsumerEngine.received_quietly`);
-        False: nothing changed, `_received` it."""
-        raw = message._message
-        if MARKER_PROPERTY in raw.properties():
-            return False
+    def _wrap(self, raw: Any) -> tuple[pulsar.Message, bool]:
+        """The `pulsar.Message` of what the client's binding returned, as the client wraps it, with its
+        (partition, position) as `_wm_at` (`acknowledge` reads it back); whether it is a marker."""
+        marker = MARKER_PROPERTY in raw.properties()
         msg_id = raw.message_id()
-        index = msg_id.partition()
-        partition = self._feed.partition_of(index) if index < 0 else index
-        position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
-        self._last = (message, (partition, position))
-        return self._feed.received_quietly(partition, position)
+        partition = self._only_partition
+        if partition is None:
+            index = msg_id.partition()
+            partition = index if index >= 0 else self._unnamed_partition
+        message = pulsar.Message()
+        message._message = raw
+        message._schema = self._schema
+        message._wm_at = (partition, (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index()))
+        return message, marker
 
-    def _received(self, message: pulsar.Message) -> list[Command]:
-        """Tell the engine a message arrived; count a marker (the engine skips and acknowledges it)."""
-        properties = message._message.properties()  # the client's own call, one Python frame less
-        marker = MARKER_PROPERTY in properties
-        msg_id = message._message.message_id()
-        index = msg_id.partition()
-        partition = self._feed.partition_of(index) if index < 0 else index
-        position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
-        self._last = (message, (partition, position))
-        commands = self._feed.report(Received(partition, position, message, marker))
+    def _taken(self, message: pulsar.Message, marker: bool) -> bool:
+        """Tell the engine a message arrived (the hot path first: `ConsumerEngine.received_quietly`);
+        whether it is delivered. A marker is counted (the engine skips and acknowledges it)."""
+        partition, position = message._wm_at
+        feed = self._feed
+        if not marker:
+            with feed.lock:
+                quiet = feed.engine.received_quietly(partition, position)
+            if quiet:
+                return True
+        commands = feed.report(Received(partition, position, message, marker))
         if marker:
-            self._count_marker(message, properties, position)
-        return commands
+            self._count_marker(message, message._message.properties(), position)
+        return any(type(command) is Deliver for command in commands)
 
     def _count_marker(self, message: pulsar.Message, properties: dict[str, str], position: Position) -> None:
         """Count a hidden marker (and log a malformed one once per kind)."""
@@ -224,129 +233,192 @@ class WatermarkConsumer:
         if self._listener is not None:
             raise RuntimeError("this consumer has a listener; messages go to it, not to receive()")
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
+        left = timeout_millis
+        feed = self._feed
+        lock, engine = feed.lock, feed.engine
         while True:
-            message = self._receive_before(deadline)
-            if self._received_quietly(message):
-                current = self._feed.engine.current
+            raw = None
+            if not self._replacing:  # the hot path of `_receive_raw`, inline
+                try:  # noqa: SIM105 (`contextlib.suppress` costs per message)
+                    raw = self._raw.receive() if left is None else self._raw.receive(left)
+                except pulsar.AlreadyClosed:
+                    pass
+            message, marker = self._wrap(raw if raw is not None else self._receive_raw(left))
+            if not marker:  # the hot path of `_taken`, inline
+                partition, position = message._wm_at
+                lock.acquire()  # not `with`: a little cheaper, and this runs per message
+                try:
+                    quiet = engine.received_quietly(partition, position)
+                finally:
+                    lock.release()
+            if (not marker and quiet) or self._taken(message, marker):
+                current = feed.engine.current
                 if current is not None:
-                    self._note_lateness(message, current)
-                return message
-            for command in self._received(message):
-                if type(command) is Deliver:
-                    current = self._feed.engine.current
-                    if current is not None:
+                    event_time = message._message.event_timestamp()
+                    if event_time and event_time < current.event_time:
                         self._note_lateness(message, current)
-                    return message
+                return message
+            if deadline is not None:
+                left = max(0, int((deadline - time.monotonic()) * 1000))
 
     def batch_receive(self) -> list[pulsar.Message]:
         """The client's `batch_receive` (see its `batch_receive_policy`) with the markers taken out (they are
         acknowledged here), and the seek target Pulsar would deliver again; may be empty."""
         if self._listener is not None:
             raise RuntimeError("this consumer has a listener; messages go to it, not to batch_receive()")
-        messages = self._on_consumer(lambda c: c.batch_receive())
-        events: list[Event] = []
-        for message in messages:
-            properties = message._message.properties()
-            msg_id = message._message.message_id()
-            index = msg_id.partition()
-            partition = self._feed.partition_of(index) if index < 0 else index
-            position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
-            marker = MARKER_PROPERTY in properties
-            if marker:
-                self._count_marker(message, properties, position)
-            events.append(Received(partition, position, message, marker))
-        delivered = [
-            message for message, commands in zip(messages, self._feed.report_all(events), strict=True)
-            if any(type(command) is Deliver for command in commands)
-        ]  # fmt: skip
+        received = [self._wrap(raw) for raw in self._on_raw(lambda c: c.batch_receive())]
+        quiet = 0  # the hot path of `_taken` under one lock, up to the first message it does not take
+        with self._feed.lock:
+            engine = self._feed.engine
+            for message, marker in received:
+                if marker or not engine.received_quietly(*message._wm_at):
+                    break
+                quiet += 1
+        delivered = [message for message, _ in received[:quiet]]
+        delivered.extend(message for message, marker in received[quiet:] if self._taken(message, marker))
         current = self._feed.engine.current
         if current is not None:
             for message in delivered:
                 self._note_lateness(message, current)
         return delivered
 
-    def _receive_before(self, deadline: float | None) -> pulsar.Message:
-        """The Pulsar consumer's next message, waiting at most until `deadline` (None: as long as it takes)."""
-        left = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-        if self._subscribed.is_set():  # the hot path: no seek is replacing the consumer
-            consumer = self._consumer
-            with contextlib.suppress(pulsar.AlreadyClosed):
-                return consumer.receive(left)
-        return self._on_consumer(lambda c: c.receive(left))
-
-    def _on_message(self, _consumer: pulsar.Consumer, message: pulsar.Message) -> None:
-        """Runs on the client's listener thread: tell the engine; its deliveries go to the dispatcher.
-
-        Waits for `subscribe` to return first: the first messages can arrive before it does, and
-        acknowledging them (a marker here, data in the listener) needs the consumer it returns. Waits
-        while the listener has `receiver_queue_size` messages waiting, so the client keeps the rest.
-        """
-        self._subscribed.wait()
-        if self._closed or "_consumer" not in self.__dict__:
-            return
-        try:
-            with self._inbox_changed:
-                while self._feed.engine.pending + len(self._inbox) >= self._room and not self._closed:
-                    self._inbox_changed.wait(0.5)
-            self._received(message)
-        except Exception:
-            if self._closed:  # closed meanwhile (e.g. acknowledging a marker): the broker redelivers it
-                log.debug("message %s of %s arrived while closing", message.message_id(), self.topic, exc_info=True)
-            else:
-                log.exception("handling message %s of %s failed", message.message_id(), self.topic)
+    def _receive_raw(self, timeout_millis: int | None) -> Any:
+        """The next message from the client's binding (`_pulsar`, what `pulsar.Consumer.receive` calls), waiting
+        at most `timeout_millis` (None: as long as it takes)."""
+        if not self._replacing:  # the hot path: no seek is replacing the consumer
+            raw = self._raw
+            try:
+                return raw.receive() if timeout_millis is None else raw.receive(timeout_millis)
+            except pulsar.AlreadyClosed:
+                pass
+        if timeout_millis is None:
+            return self._on_raw(lambda c: c.receive())
+        return self._on_raw(lambda c: c.receive(timeout_millis))
 
     def _perform(self, commands: list[Command]) -> None:
         """Listener (under the feed's lock): deliveries and watermarks to the dispatcher, in the engine's order."""
-        items = [c for c in commands if isinstance(c, Deliver | HandWatermark)]
+        items = [c for c in commands if type(c) is Deliver or type(c) is HandWatermark]
         if items:
-            with self._inbox_changed:
-                self._inbox.extend(items)
-                self._inbox_changed.notify_all()
+            self._inbox.extend(items)
+            if self._dispatcher_waits and threading.current_thread() is not self._dispatcher:
+                with self._inbox_changed:
+                    self._inbox_changed.notify_all()
 
     def _dispatch(self) -> None:
-        """The one thread that calls the listener, for messages and watermarks alike, in the engine's order."""
-        assert self._listener is not None
-        while True:
-            with self._inbox_changed:
-                while not self._inbox:
-                    self._inbox_changed.wait()
-                item = self._inbox.popleft()
-                self._inbox_changed.notify_all()
-            if item is _STOP or self._closed:
+        """The one thread that calls the listener, for messages and watermarks alike, in the engine's order.
+
+        It receives the messages itself (the client's `message_listener` costs a thread hop per message):
+        it tells the engine each one and hands over what the engine queued, its own deliveries and what the
+        feed's thread queued alike. While it waits in `receive` (at most `LISTENER_POLL_MS`) what the feed
+        queued waits too; it receives nothing while paused (`seek`) or while the listener has
+        `receiver_queue_size` messages waiting (a partition waits for a recomputed watermark), so the
+        client keeps the rest.
+        """
+        listener = self._listener
+        assert listener is not None
+        inbox, changed = self._inbox, self._inbox_changed
+        while not self._closed:
+            while inbox:
+                with changed:  # one at a time: a seek from the listener drops what it received before
+                    if not inbox:
+                        break
+                    item = inbox.popleft()
+                if item is _STOP or self._closed:
+                    return
+                try:
+                    if type(item) is Deliver:
+                        message: pulsar.Message = item.token
+                        handed = self._handed
+                        if handed is not None:
+                            self._note_lateness(message, handed)
+                        listener.received(self, message)
+                    elif isinstance(item, HandWatermark):
+                        self._handed = None if item.withdrawn else item.watermark
+                        if item.restated:
+                            continue
+                        if item.withdrawn:
+                            listener.watermark_withdrawn(self)
+                        else:
+                            listener.received_watermark(self, item.watermark)
+                except Exception:
+                    log.exception("the listener of %r on %s raised; continuing", self.subscription, self.topic)
+            if self._paused or self._feed.engine.pending >= self._room:
+                self._wait_for_inbox(0.5)
+                continue
+            self._receive_one()
+
+    def _receive_one(self) -> None:
+        """Dispatcher: receive a message (if one comes within `LISTENER_POLL_MS`) and tell the engine."""
+        with self._receiving:
+            if self._paused or self._closed:
                 return
             try:
-                if isinstance(item, HandWatermark):
-                    self._handed = None if item.withdrawn else item.watermark
-                    if item.restated:
-                        continue
-                    if item.withdrawn:
-                        self._listener.watermark_withdrawn(self)
-                    else:
-                        self._listener.received_watermark(self, item.watermark)
-                elif isinstance(item, Deliver):
-                    message: pulsar.Message = item.token
-                    self._note_lateness(message, self._handed)
-                    self._listener.received(self, message)
+                raw = self._raw.receive(LISTENER_POLL_MS)
+            except pulsar.Timeout:
+                return
+            except pulsar.AlreadyClosed:
+                if not self._closed:
+                    self._subscribed.wait(1)
+                return
+            message, marker = self._wrap(raw)
+            try:
+                self._taken(message, marker)  # the engine's deliveries come through `_perform`
             except Exception:
-                log.exception("the listener of %r on %s raised; continuing", self.subscription, self.topic)
+                if self._closed:  # closed meanwhile (e.g. acknowledging a marker): the broker redelivers it
+                    log.debug("message %s of %s arrived while closing", raw.message_id(), self.topic, exc_info=True)
+                else:
+                    log.exception("handling message %s of %s failed", raw.message_id(), self.topic)
+
+    def _wait_for_inbox(self, timeout: float) -> None:
+        with self._inbox_changed:
+            self._dispatcher_waits = True
+            if not self._inbox:
+                self._inbox_changed.wait(timeout)
+            self._dispatcher_waits = False
+
+    def pause_message_listener(self) -> None:
+        """Receive nothing more for the listener until `resume_message_listener` (what was received before,
+        and watermarks, still go to it). The consumer's own: its thread receives, not the client's listener."""
+        with self._receiving:
+            self._paused = True
+
+    def resume_message_listener(self) -> None:
+        self._paused = False
+        with self._inbox_changed:
+            self._inbox_changed.notify_all()
 
     # -- pass-through --------------------------------------------------------------------------------
 
     def acknowledge(self, message: Any) -> None:
         """Acknowledge a message or message id; held back while it would let the subscription pass a
         position it moved back to before the watermark recomputed there has arrived (then sent)."""
-        partition, position = self._position(message)
-        if self._feed.acknowledged_quietly(partition, position):
+        at = getattr(message, "_wm_at", None)
+        partition, position = at if at is not None else self._position(message)
+        feed = self._feed
+        lock = feed.lock
+        lock.acquire()  # not `with`: a little cheaper, and this runs per message
+        try:
+            quiet = feed.engine.acknowledged_quietly(partition, position)
+        finally:
+            lock.release()
+        if quiet:
+            if not self._replacing and at is not None:  # the hot path of `_send_acknowledgement`, inline
+                try:
+                    self._raw.acknowledge(message._message)
+                    return
+                except pulsar.AlreadyClosed:
+                    pass
             self._send_acknowledgement(message)
         else:
-            self._feed.report(Acknowledged(partition, position, functools.partial(self._send_acknowledgement, message)))
+            feed.report(Acknowledged(partition, position, functools.partial(self._send_acknowledgement, message)))
 
     def _send_acknowledgement(self, message: Any) -> None:
-        if self._subscribed.is_set():  # the hot path: no seek is replacing the consumer
-            consumer = self._consumer
-            with contextlib.suppress(pulsar.AlreadyClosed):
-                consumer.acknowledge(message)
+        if not self._replacing and type(message) is pulsar.Message:  # the hot path: the binding's own call
+            try:
+                self._raw.acknowledge(message._message)
                 return
+            except pulsar.AlreadyClosed:
+                pass
         self._on_consumer(lambda c: c.acknowledge(message))
 
     def acknowledge_cumulative(self, message: Any) -> None:
@@ -357,6 +429,16 @@ class WatermarkConsumer:
     def negative_acknowledge(self, message: Any) -> None:
         self._feed.report(NegativelyAcknowledged(*self._position(message)))
         self._on_consumer(lambda c: c.negative_acknowledge(message))
+
+    def _on_raw(self, action: Callable[[Any], T]) -> T:
+        """`_on_consumer` on the client's binding (`pulsar.Consumer._consumer`)."""
+        return self._on_consumer(lambda c: action(c._consumer))
+
+    def _attach(self, consumer: pulsar.Consumer) -> None:
+        """Take `consumer` (from `subscribe`) as the one every call goes to."""
+        self._consumer = consumer
+        self._raw = consumer._consumer
+        self._schema = consumer._schema
 
     def _on_consumer(self, action: Callable[[pulsar.Consumer], T]) -> T:
         """`action(consumer)` on the current Pulsar consumer; once more on its successor if a seek replaced it
@@ -398,7 +480,8 @@ class WatermarkConsumer:
             partitions = (self._feed.partition_of(index),) if one else None
             entry, skips = (target.ledger_id(), target.entry_id()), self._skips_target(target)
         if self._listener is not None:  # nothing comes in between: what is queued now came before the seek
-            self._consumer.pause_message_listener()
+            paused, self._paused = self._paused, True
+            self._receiving.acquire()
         try:
             self._feed.report(Sought(partitions, entry, skips))  # sends the acknowledgements held first
             self._drop_queued(partitions)
@@ -407,21 +490,24 @@ class WatermarkConsumer:
                 self._renew()
         finally:
             if self._listener is not None:
-                self._consumer.resume_message_listener()
+                self._receiving.release()
+                self._paused = paused
 
     def _renew(self) -> None:
         """Close the Pulsar consumer and subscribe again, so that no start message id stays behind (see `seek`).
 
-        Closing sends the acknowledgements it still groups; meanwhile the listener's callback and
-        acknowledgements (`_on_consumer`) wait for the new consumer.
+        Closing sends the acknowledgements it still groups; meanwhile acknowledgements (`_on_consumer`) wait
+        for the new consumer, and the listener's thread receives nothing (`seek` holds `_receiving`).
         """
         self._subscribed.clear()
+        self._replacing = True
         try:
             with contextlib.suppress(pulsar.PulsarException):
                 self._consumer.close()
             with explained(service_url=service_url_of(self._client), topic=self.topic, doing="subscribe again to"):
-                self._consumer = self._subscribe()
+                self._attach(self._subscribe())
         finally:
+            self._replacing = False
             self._subscribed.set()
 
     def _skips_target(self, target: Any) -> bool:
@@ -436,7 +522,7 @@ class WatermarkConsumer:
         """Forget the deliveries of these partitions (None: all) waiting for the listener."""
         if self._listener is None:
             return
-        with self._inbox_changed:
+        with self._feed.lock, self._inbox_changed:  # the feed's thread adds to the inbox under its lock
             kept = [
                 item for item in self._inbox
                 if not isinstance(item, Deliver)
@@ -444,10 +530,9 @@ class WatermarkConsumer:
             ]  # fmt: skip
             self._inbox.clear()
             self._inbox.extend(kept)
-            self._inbox_changed.notify_all()
 
     def __getattr__(self, name: str) -> Any:
-        """Everything else (`unsubscribe`, `pause_message_listener`, ...) is the underlying `pulsar.Consumer`'s."""
+        """Everything else (`unsubscribe`, `get_last_message_id`, ...) is the underlying `pulsar.Consumer`'s."""
         return getattr(self._consumer, name)
 
     def close(self) -> None:

@@ -1,26 +1,23 @@
 """Follows the `SendWatermark` events of one subscription on the topic's companion topic.
 
 The generator publishes one event per (partition, subscription) change to the topic's companion
-topic (`watermark_topic_for`: in the watermark namespace, where only the generator may produce);
-compaction keeps the latest per key, so reading the compacted topic from its start gives the
-current watermark at once, and reading on gives every change after it. Events come from there
-only, and an event that names another topic or subscription is ignored.
+topic; `CompanionReader` (pulsar_access/companion.py, shared with the Spark source) reads it from its
+start, so the current watermark is known at once and every change after it follows. An event that
+names another topic or subscription is ignored.
 
 Each event names the mark-delete position it was computed at, and holds only for messages after
 it. Which event may stand over which message, which acknowledgement waits, how long a partition that
 moved back waits for the generator: all that is decided by the consumer's engine (consumer/engine.py).
-The feed owns the engine and its lock: it reads the companion topic into it on its own thread, ticks
+The feed owns the engine and its lock: it reads the companion topic into it on the reader's thread, ticks
 it, looks for partitions added to the topic, and passes on what the consumer reports (`handle`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 import pulsar
 
@@ -39,25 +36,13 @@ from consumer.engine import (
     Tick,
     WatermarkRead,
 )
-from pulsar_access.admin import PulsarAdmin
-from pulsar_access.errors import explained, service_url_of
+from pulsar_access.companion import CompanionReader
 from pulsar_access.incarnations import Incarnations
-from pulsar_access.settings import PulsarSettings
-from pulsar_access.topics import base_topic_and_partition, watermark_topic_for
-from watermark_core.protocol import (
-    EVENT_PROPERTY,
-    HEAD_WATERMARK,
-    MalformedMarker,
-    Position,
-    Watermark,
-    WatermarkEvent,
-    decode_head,
-    decode_table,
-)
+from pulsar_access.topics import base_topic_and_partition
+from watermark_core.protocol import HeadWatermark, Position, Watermark, WatermarkEvent
 
 log = logging.getLogger(__name__)
 
-CATCH_UP_LIMIT_S = 10.0
 PARTITION_REFRESH_S = 10.0
 """How often the feed of a partitioned topic looks for partitions added to it."""
 
@@ -83,6 +68,7 @@ class WatermarkFeed:
     after an event the feed read (by default: send the acknowledgements it releases); it runs under
     the feed's lock, so commands of all threads keep the engine's order; the acknowledgements are sent
     after it, by calling their token (or `acknowledge(token)` for a message the engine skipped).
+    `admin_url`: where the topic property naming the topic's incarnation is read (`Incarnations.for_consumer`).
     """
 
     def __init__(
@@ -115,20 +101,19 @@ class WatermarkFeed:
         self.engine = ConsumerEngine(indexes, listener=listener, limits=limits, follow_new=self._follow_new_partitions)
         self.lock = threading.Lock()
         """Held while the engine handles an event and its commands are queued or carried out."""
-        self.malformed_events = 0
-        settings = PulsarSettings.from_env()
-        self._admin = PulsarAdmin(replace(settings, admin_url=(admin_url or settings.admin_url).rstrip("/")), 5.0)
-        self._incarnations = Incarnations(self._admin, reader=f"subscription {subscription!r} of {self.topic}")
-        """Only events about the topic's current incarnation count (a deleted topic's stay on its companion)."""
-        companion = watermark_topic_for(topic)
-        with explained(service_url=service_url_of(client), topic=companion, doing="read the watermarks from"):
-            self._reader = client.create_reader(companion, pulsar.MessageId.earliest, is_read_compacted=True)
-        self._stop = threading.Event()
+        self._incarnations = Incarnations.for_consumer(admin_url, reader=f"subscription {subscription!r} of {topic}")
+        self._companion = CompanionReader(
+            client, topic, self._incarnations, on_table=self._on_table, on_head=self._on_head, each_turn=self._each_turn,
+            on_idle=self._on_idle, thread_name=f"wm-feed-{subscription}",
+        )  # fmt: skip
+        # Silent: the history before the latest event (older watermarks, or higher ones from before a
+        # seek) is not the subscription's watermark now and is never handed on; the consumer takes
+        # `current` once this returns.
         self._caught_up = False
-        self._catch_up()
+        self._companion.catch_up()
         self._caught_up = True
-        self._thread = threading.Thread(target=self._run, name=f"wm-feed-{subscription}", daemon=True)
-        self._thread.start()
+        self._next_refresh = time.monotonic() + self._partition_refresh_s
+        self._companion.start()
 
     # -- what the consumer reads -------------------------------------------------------------------
 
@@ -140,6 +125,12 @@ class WatermarkFeed:
     @property
     def partitions(self) -> list[int]:
         return self.engine.partitions
+
+    @property
+    def malformed_events(self) -> int:
+        """Events on the companion topic skipped as malformed."""
+        count: int = self._companion.malformed_events
+        return count
 
     @property
     def gave_up(self) -> int:
@@ -175,20 +166,6 @@ class WatermarkFeed:
         """`ConsumerEngine.acknowledged_quietly` under the lock."""
         with self.lock:
             return self.engine.acknowledged_quietly(partition, position)
-
-    def report_all(self, events: list[Event]) -> list[list[Command]]:
-        """`report` for many events under one lock (a batch received): the commands of each."""
-        with self.lock:
-            now = time.monotonic()
-            answers = [self.engine.handle(event, now) for event in events]
-            if self._perform is not None:
-                for commands in answers:
-                    if commands:
-                        self._perform(commands)
-        for commands in answers:
-            if commands:
-                self._send_acknowledgements(commands)
-        return answers
 
     def _feed(self, event: Event) -> None:
         """An event the feed itself read or timed: its commands carried out, the change told."""
@@ -245,85 +222,29 @@ class WatermarkFeed:
                      self.subscription)  # fmt: skip
             self._feed(PartitionsChanged(tuple(indexes)))
 
-    # -- reading the companion topic ---------------------------------------------------------------
+    # -- reading the companion topic (pulsar_access/companion.py, on its thread) ---------------------
 
-    def _catch_up(self) -> None:
-        """Read what is already there, so the latest watermark is known when the consumer attaches.
+    def _each_turn(self) -> None:
+        self._feed(Tick())
+        if self._follow_new_partitions and time.monotonic() >= self._next_refresh:
+            self._refresh_partitions()
+            self._next_refresh = time.monotonic() + self._partition_refresh_s
 
-        Silent: the history before the latest event (older watermarks, or higher ones from before a
-        seek) is not the subscription's watermark now and is never handed on; the caller takes
-        `current` once this returns.
-        """
-        deadline = time.monotonic() + CATCH_UP_LIMIT_S
-        while time.monotonic() < deadline and self._reader.has_message_available():
-            try:
-                self._handle(self._reader.read_next(timeout_millis=1000))
-            except pulsar.Timeout:
-                break
+    def _on_idle(self) -> None:
+        self._feed(CaughtUp())  # nothing more published: events from before a seek are all read
 
-    def _run(self) -> None:
-        next_refresh = time.monotonic() + self._partition_refresh_s
-        while not self._stop.is_set():
-            self._feed(Tick())
-            if self._follow_new_partitions and time.monotonic() >= next_refresh:
-                self._refresh_partitions()
-                next_refresh = time.monotonic() + self._partition_refresh_s
-            try:
-                message = self._reader.read_next(timeout_millis=200)
-            except pulsar.Timeout:
-                self._feed(CaughtUp())  # nothing more published: events from before a seek are all read
-                continue
-            except pulsar.AlreadyClosed:
-                return
-            except Exception:  # the reader reconnects by itself; keep following
-                if self._stop.is_set():
-                    return
-                log.warning("reading watermarks of %s failed; retrying", self.topic, exc_info=True)
-                time.sleep(1)
-                continue
-            self._handle(message)
-
-    def _handle(self, message: pulsar.Message) -> None:
-        if message.properties().get(EVENT_PROPERTY) == HEAD_WATERMARK:
-            self._note_head(message)
-            return
-        try:
-            events = decode_table(message.data())
-        except MalformedMarker as exc:
-            self.malformed_events += 1
-            if self.malformed_events == 1:
-                log.warning(
-                    "skipping malformed watermark event at %s on %s: %s",
-                    message.message_id(),
-                    message.topic_name(),
-                    exc,
-                )
-            return
-        for event in events:
-            self._apply(event)
-
-    def _note_head(self, message: pulsar.Message) -> None:
+    def _on_head(self, head: HeadWatermark) -> None:
         """The watermark at a position of a partition's log: not a subscription's, but a fact the trust rule
         falls back on when it gives up waiting (`WatermarkTrust.give_up`)."""
-        try:
-            head = decode_head(message.data())
-        except MalformedMarker as exc:
-            log.debug("skipping malformed head event at %s: %s", message.message_id(), exc)
-            return
-        if head.topic == self.topic and self._incarnations.holds(self.topic, head.partition, head.incarnation):
-            self._feed(HeadRead(head.partition, head.position, head.event_time))
+        self._feed(HeadRead(head.partition, head.position, head.event_time))
 
-    def _apply(self, event: WatermarkEvent) -> None:
-        if event.subscription != self.subscription or event.topic != self.topic:
-            return
-        if not self._incarnations.holds(self.topic, event.partition, event.incarnation):
-            return
-        if event.partition >= 0 or not self._follow_new_partitions:
-            self._feed(WatermarkRead(event.partition, event.position, event.event_time))
+    def _on_table(self, events: list[WatermarkEvent]) -> None:
+        for event in events:
+            if event.subscription != self.subscription:
+                continue
+            if event.partition >= 0 or not self._follow_new_partitions:
+                self._feed(WatermarkRead(event.partition, event.position, event.event_time))
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        with contextlib.suppress(pulsar.PulsarException):
-            self._reader.close()
-        self._admin.close()
+        self._companion.close()
+        self._incarnations.close()

@@ -18,13 +18,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -36,16 +36,17 @@ from devtools.local_cluster import (
     REPO_ROOT,
     WATERMARK_COMPACTION_THRESHOLD_BYTES,
     ClusterError,
-    _pid_alive,
-    _signal_group,
     check_java,
     ensure_pulsar_jars,
+    free_listen_port,
     port_free,
+    recorded_pid,
     say,
+    stop_recorded,
 )
 from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.settings import PulsarSettings
-from pulsar_access.topics import watermark_namespace
+from pulsar_access.topics import namespace_of, watermark_namespace
 
 CLUSTER_NAME = "local"
 BUNDLES_PER_NAMESPACE = 16
@@ -126,12 +127,7 @@ class MultiBrokerCluster:
         return self.home / f"{name}.pid"
 
     def running_pid(self, name: str) -> int | None:
-        path = self._pid_file(name)
-        try:
-            pid = int(path.read_text().strip())
-        except (OSError, ValueError):
-            return None
-        return pid if _pid_alive(pid) else None
+        return recorded_pid(self._pid_file(name))
 
     def _java(self, name: str, main_class: str, args: list[str], heap: str, extra: list[str] | None = None) -> int:
         """Start one JVM of the cluster in its own session (so a signal reaches only it), logging to `name`.log."""
@@ -360,7 +356,7 @@ class MultiBrokerCluster:
             if time.monotonic() - started > timeout_s:
                 raise ClusterError(f"{topic} did not move to broker {to} within {timeout_s:.0f} s")
             try:
-                admin.unload_bundle("public/default", admin.bundle_of(topic), f"127.0.0.1:{target.web}")
+                admin.unload_bundle(namespace_of(topic), admin.bundle_of(topic), f"127.0.0.1:{target.web}")
             except AdminError as exc:
                 say(f"unloading the bundle of {topic} was refused ({exc}); retrying")
                 time.sleep(1)
@@ -370,6 +366,26 @@ class MultiBrokerCluster:
                 time.sleep(0.05)
         return time.monotonic() - started
 
+    def move_elsewhere(self, admin: PulsarAdmin, topic: str, avoid: set[int] | None = None, pick: int = 0) -> int:
+        """Move `topic`'s bundle to a broker that does not own it and is not in `avoid` (`pick` chooses among
+        them); that broker's index."""
+        owner = self.owner_index(admin, topic, timeout_s=60)
+        others = [i for i in range(len(self.ports)) if i != owner and i not in (avoid or set())]
+        to = others[pick % len(others)]
+        self.move_topic(admin, topic, to)
+        return to
+
+    @classmethod
+    def on_free_ports(cls, state_dir: Path, brokers: int, **options: Any) -> MultiBrokerCluster:
+        """A cluster of `brokers` brokers, one bookie and its metadata store on free loopback ports (tests, chaos)."""
+        return cls(
+            state_dir=state_dir,
+            ports=[BrokerPorts(free_listen_port(), free_listen_port()) for _ in range(brokers)],
+            bookie_ports=[free_listen_port()],
+            zookeeper_port=free_listen_port(),
+            **options,
+        )
+
     @staticmethod
     def owner(admin: PulsarAdmin, topic: str) -> str | None:
         """The owner's admin URL, None while no broker has it (a bundle in transit answers lookups with 500)."""
@@ -378,12 +394,16 @@ class MultiBrokerCluster:
         except AdminError:
             return None
 
-    def owner_index(self, admin: PulsarAdmin, topic: str, timeout_s: float = 30.0) -> int:
-        """The index of the broker that owns `topic`, waiting while its bundle is in transit."""
+    def owner_index(
+        self, admin: PulsarAdmin, topic: str, timeout_s: float = 30.0, other_than: int | None = None
+    ) -> int:
+        """The index of the broker that owns `topic`, waiting while its bundle is in transit (or, with
+        `other_than`, while that broker still owns it: a killed broker's until its session expires)."""
         deadline = time.monotonic() + timeout_s
-        while (owner := self.owner(admin, topic)) is None:
+        unwanted = {None} | ({self.ports[other_than].admin_url} if other_than is not None else set())
+        while (owner := self.owner(admin, topic)) in unwanted:
             if time.monotonic() > deadline:
-                raise ClusterError(f"no broker owns {topic} after {timeout_s:.0f} s")
+                raise ClusterError(f"no broker (but {other_than}) owns {topic} after {timeout_s:.0f} s")
             time.sleep(0.1)
         return next(i for i, p in enumerate(self.ports) if p.admin_url == owner)
 
@@ -397,13 +417,7 @@ class MultiBrokerCluster:
         self._kill(f"generator-{index}")
 
     def _kill(self, name: str) -> None:
-        pid = self.running_pid(name)
-        self._pid_file(name).unlink(missing_ok=True)
-        if pid is None:
-            return
-        _signal_group(pid, signal.SIGKILL)
-        while _pid_alive(pid):
-            time.sleep(0.1)
+        stop_recorded(self._pid_file(name), grace_s=0)
 
     def _names(self) -> list[str]:
         """Every process of the cluster, those to stop first first: the configured ones and any with a pid
@@ -420,23 +434,11 @@ class MultiBrokerCluster:
 
     def down(self) -> list[str]:
         """Stop generators, brokers, bookies and the metadata store, in that order, by their recorded pids."""
-        stopped = []
-        for name in self._names():
-            pid = self.running_pid(name)
-            self._pid_file(name).unlink(missing_ok=True)
-            if pid is None:
-                continue
-            _signal_group(pid, signal.SIGTERM)
-            deadline = time.monotonic() + (10 if name.startswith("generator") else 20)
-            while _pid_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            if _pid_alive(pid):
-                _signal_group(pid, signal.SIGKILL)
-                while _pid_alive(pid):
-                    time.sleep(0.1)
-            stopped.append(name)
-        return stopped
+        return [
+            name
+            for name in self._names()
+            if stop_recorded(self._pid_file(name), grace_s=10 if name.startswith("generator") else 20)
+        ]
 
     def status(self) -> dict[str, int | None]:
         return {name: self.running_pid(name) for name in reversed(self._names())}
-

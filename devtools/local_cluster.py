@@ -267,15 +267,7 @@ class LocalCluster:
 
     def running_pid(self, name: str) -> int | None:
         """The recorded process id of `name` if that process is still alive."""
-        path = self._pid_file(name)
-        if not path.exists():
-            return None
-        try:
-            pid = int(path.read_text().strip())
-            os.kill(pid, 0)
-        except (ValueError, ProcessLookupError, PermissionError):
-            return None
-        return pid if _pid_alive(pid) else None
+        return recorded_pid(self._pid_file(name))
 
     def write_config(self) -> Path:
         """A standalone configuration of our own: one bookie, no functions, loopback only."""
@@ -495,19 +487,35 @@ class LocalCluster:
         say("stopped " + ", ".join(stopped) if stopped else "nothing was running")
 
     def _stop(self, name: str, grace_s: float) -> bool:
-        pid = self.running_pid(name)
-        self._pid_file(name).unlink(missing_ok=True)
-        if pid is None:
-            return False
+        return stop_recorded(self._pid_file(name), grace_s)
+
+
+def recorded_pid(pid_file: Path) -> int | None:
+    """The process id recorded in `pid_file` if that process is still alive."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        return pid if _pid_alive(pid) else None
+    except (OSError, ValueError):  # no file, no number, or a pid reused by another user's process
+        return None
+
+
+def stop_recorded(pid_file: Path, grace_s: float) -> bool:
+    """Stop the process group recorded in `pid_file` (TERM, then KILL after `grace_s`) and forget it;
+    whether a live process was found. `grace_s` 0: a `kill -9` at once."""
+    pid = recorded_pid(pid_file)
+    pid_file.unlink(missing_ok=True)
+    if pid is None:
+        return False
+    if grace_s > 0:
         _signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while _pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if _pid_alive(pid):
-            _signal_group(pid, signal.SIGKILL)
-            while _pid_alive(pid):
-                time.sleep(0.1)
-        return True
+    if _pid_alive(pid):
+        _signal_group(pid, signal.SIGKILL)
+        while _pid_alive(pid):
+            time.sleep(0.1)
+    return True
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -12,10 +12,13 @@ deduplication, which drops a message whose (producer name, sequence id) it has a
 - a task's rows go out from a producer named after the query and its Spark partition
   (`writer_name`), with sequence ids `batch id * 2**32 + row` (`sequence_id`), the rows in a
   canonical order (sorted) so that a batch Spark runs again numbers the same rows the same way;
-- rows are sent one message per entry (no client batching: Pulsar keeps only a batch's first
-  sequence id, so after a batch of rows 0-99 it would take rows 1-99 sent again as new), and a
-  task first asks the broker for that producer's last persisted sequence id and sends only the rows
-  after it (`first_unsent`);
+- rows go out in client batches (one broker entry each) whose bounds are a pure function of the
+  rows (`entry_starts`: at most `ENTRY_ROWS` rows and `ENTRY_BYTES` bytes, cut by an explicit flush;
+  the client's own limits and timer are set so that they never cut first). Pulsar judges an entry by
+  its first sequence id (the Python client does not send a batch's highest one), so a batch run again
+  must send the very same entries: each is then either wholly persisted (dropped) or wholly new. A task
+  first asks the broker for that producer's last persisted sequence id and sends only the entries
+  after it (`entries_to_send`);
 - the driver's `W_SET` of batch b goes out from the query's own producer with sequence id b.
 
 A batch Spark runs again (a task retried, the driver restarted from its checkpoint after dying
@@ -26,6 +29,7 @@ are sent under fresh producer names and a batch run again writes its rows again.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -48,8 +52,20 @@ ROW_BITS = 32
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 """Spark's local properties of a micro-batch's tasks (`MicroBatchExecution`, `StreamExecution`)."""
-PENDING = 10_000
-"""Rows in flight per producer: without batching, each is a round trip the client pipelines."""
+ENTRY_ROWS = 1000
+ENTRY_BYTES = 128 * 1024
+"""An exactly-once entry holds at most this many rows, and this many bytes of values, keys and properties
+(a bigger row is an entry of its own). Changing them changes the entries of a batch run again: keep them."""
+ENTRY_PRODUCER: dict[str, Any] = {
+    "batching_enabled": True,
+    "batching_max_messages": 2 * ENTRY_ROWS,
+    "batching_max_allowed_size_in_bytes": 4 * ENTRY_BYTES,
+    "batching_max_publish_delay_ms": 3_600_000,
+    "block_if_queue_full": True,
+    "max_pending_messages": 2 * ENTRY_ROWS,
+}
+"""The rows' producers: only `send_entries`' flush cuts a batch (limits above an entry's, a timer that never
+fires while an entry is built, room for a whole entry in the queue)."""
 PRODUCER_BUSY_WAIT_S = 60.0
 """How long a task waits for a producer name still held by a task of a process that died."""
 
@@ -63,12 +79,30 @@ def sequence_id(batch_id: int, row: int) -> int:
     return batch_id << ROW_BITS | row
 
 
-def first_unsent(batch_id: int, rows: int, last_persisted: int) -> int:
-    """How many of a task's `rows` rows of `batch_id` the broker already holds, given the producer's last
-    persisted sequence id (-1: none): the task sends the rows from there on."""
-    if last_persisted < sequence_id(batch_id, 0):
-        return 0
-    return min(rows, last_persisted - sequence_id(batch_id, 0) + 1)
+def entry_starts(sizes: Sequence[int], max_rows: int = ENTRY_ROWS, max_bytes: int = ENTRY_BYTES) -> list[int]:
+    """The first row of each entry of a task's rows (their `sizes` in canonical order): greedy from row 0, so
+    a batch run again cuts the same entries."""
+    starts: list[int] = []
+    rows = size = 0
+    for row, row_size in enumerate(sizes):
+        if row == 0 or rows == max_rows or size + row_size > max_bytes:
+            starts.append(row)
+            rows = size = 0
+        rows += 1
+        size += row_size
+    return starts
+
+
+def entries_to_send(
+    batch_id: int, sizes: Sequence[int], last_persisted: int, max_rows: int = ENTRY_ROWS, max_bytes: int = ENTRY_BYTES
+) -> list[range]:
+    """The entries (rows of one client batch each) a task of `batch_id` still sends, given the producer's last
+    persisted sequence id (-1: none), which is the first row of the last entry the broker holds: the entries
+    after that one (the broker would drop any other whole, by its first row)."""
+    starts = entry_starts(sizes, max_rows, max_bytes)
+    bounds = [*starts, len(sizes)]
+    entries = [range(start, end) for start, end in itertools.pairwise(bounds)]
+    return [entry for entry in entries if sequence_id(batch_id, entry.start) > last_persisted]
 
 
 def query_producer_name(query_id: str, topic: str) -> str:
@@ -223,7 +257,23 @@ def _canonical(batches: list[Any]) -> Any:
     return table.sort_by(keys)
 
 
-def _create_producer(client: Any, service_url: str, topic: str, name: str, batching: bool) -> Any:
+def _message_size(payload: bytes, kwargs: dict[str, Any]) -> int:
+    """What a row weighs against `ENTRY_BYTES`: its value, key and properties."""
+    properties = kwargs.get("properties") or {}
+    return len(payload) + len(kwargs.get("partition_key") or "") + sum(len(k) + len(v) for k, v in properties.items())
+
+
+def send_entries(producer: Any, batch_id: int, messages: Sequence[tuple[bytes, dict[str, Any]]],
+                 entries: Sequence[range]) -> None:  # fmt: skip
+    """Each entry's rows as one client batch (sequence id `sequence_id(batch_id, row)`), cut by a flush."""
+    for entry in entries:
+        for row in entry:
+            payload, kwargs = messages[row]
+            producer.send_async(payload, None, sequence_id=sequence_id(batch_id, row), **kwargs)
+        producer.flush()
+
+
+def _create_producer(client: Any, service_url: str, topic: str, name: str, **settings: Any) -> Any:
     """A producer under a stable name; a name still held by a task of a process that died is waited for."""
     import pulsar
 
@@ -233,8 +283,7 @@ def _create_producer(client: Any, service_url: str, topic: str, name: str, batch
     with explained(service_url=service_url, topic=topic, doing="write to"):
         while True:
             try:
-                return client.create_producer(topic, producer_name=name, batching_enabled=batching,
-                                              block_if_queue_full=True, max_pending_messages=PENDING)  # fmt: skip
+                return client.create_producer(topic, producer_name=name, **settings)
             except pulsar.ProducerBusy:
                 if time.monotonic() > deadline:
                     raise
@@ -301,17 +350,16 @@ class PulsarStreamWriter(DataSourceStreamArrowWriter):
         sent = 0
         for target, indexes in sorted(by_target.items()):
             topic = self.options.topic if target < 0 else partition_name(self.options.topic, target)
-            producer = _create_producer(client, self.options.service_url, topic, name, batching=False)
+            messages = [_message(*rows[row]) for row in indexes]
+            producer = _create_producer(client, self.options.service_url, topic, name, **ENTRY_PRODUCER)
             try:
-                start = first_unsent(batch_id, len(indexes), producer.last_sequence_id())
-                if start:
+                entries = entries_to_send(batch_id, [_message_size(*m) for m in messages], producer.last_sequence_id())
+                unsent = sum(map(len, entries))
+                if unsent < len(messages):
                     log.warning("%s: batch %d run again: %d of its %d rows from %s already written, not sent again",
-                                topic, batch_id, start, len(indexes), name)  # fmt: skip
-                for position in range(start, len(indexes)):
-                    payload, kwargs = _message(*rows[indexes[position]])
-                    producer.send_async(payload, None, sequence_id=sequence_id(batch_id, position), **kwargs)
-                producer.flush()
-                sent += len(indexes) - start
+                                topic, batch_id, len(messages) - unsent, len(messages), name)  # fmt: skip
+                send_entries(producer, batch_id, messages, entries)
+                sent += unsent
             finally:
                 producer.close()
         return Written(sent)
@@ -346,7 +394,7 @@ class PulsarStreamWriter(DataSourceStreamArrowWriter):
         partitions = self.options.partitions
         targets = [partition_name(self.options.topic, p) for p in range(partitions)] or [self.options.topic]
         for topic in targets:
-            producer = _create_producer(client, self.options.service_url, topic, name, batching=False)
+            producer = _create_producer(client, self.options.service_url, topic, name, batching_enabled=False)
             try:
                 if producer.last_sequence_id() >= batch_id:
                     log.warning("%s: batch %d run again: its W_SET already written, not sent again", topic, batch_id)

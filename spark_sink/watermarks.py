@@ -18,30 +18,20 @@ partition, the facts that can still matter (bounded); `CompanionFollower` reads 
 from __future__ import annotations
 
 import bisect
-import contextlib
 import logging
 import threading
-import time
 from collections.abc import Iterable, Mapping
 
 import pulsar
 
+from pulsar_access.companion import CompanionReader
 from pulsar_access.incarnations import Incarnations
-from pulsar_access.topics import watermark_topic_for
 from spark_sink.offsets import Entry, PartitionKey
-from watermark_core.protocol import (
-    EVENT_PROPERTY,
-    HEAD_WATERMARK,
-    SEND_WATERMARK,
-    MalformedMarker,
-    decode_head,
-    decode_table,
-)
+from watermark_core.protocol import HeadWatermark, WatermarkEvent
 
 log = logging.getLogger(__name__)
 
 MAX_FACTS_PER_PARTITION = 10_000
-CATCH_UP_LIMIT_S = 10.0
 
 
 class KnownWatermarks:
@@ -126,83 +116,45 @@ class KnownWatermarks:
 class CompanionFollower:
     """Reads the companion topics of the topics a query reads, into a `KnownWatermarks`.
 
-    One compacted reader per companion topic, from its start: compaction keeps the latest table and
-    head event of each partition, and everything after them follows as it is published. Companion
-    topics live in the watermark namespace (`watermark_topic_for`), where only the generator may
-    produce (docs/SECURITY.md); an event read there that names another data topic than the one the
-    companion belongs to is ignored, and so is one about another incarnation of the topic than the one it has
-    now (`Incarnations`: a deleted topic's events stay on its companion). Malformed events are skipped, counted
-    and logged once.
+    One `CompanionReader` (pulsar_access/companion.py, shared with the consumer's feed) per companion
+    topic, from its start: compaction keeps the latest table and head event of each partition, and
+    everything after them follows as it is published. Tables and head events are both facts here, those
+    about the topic's current incarnation (`incarnations`: the driver's reads the property, and forgets a
+    partition whose incarnation changes, `KnownWatermarks.reset`).
     """
 
     def __init__(self, client: pulsar.Client, known: KnownWatermarks, incarnations: Incarnations | None = None) -> None:
         self._client = client
         self.known = known
-        self._incarnations = incarnations or Incarnations(None, reader="the Spark source")
-        self._readers: dict[str, pulsar.Reader] = {}
-        self._threads: list[threading.Thread] = []
-        self._stop = threading.Event()
-        self.malformed_events = 0
+        self._incarnations = incarnations or Incarnations(None, reader="the Spark source", named=False)
+        self._readers: dict[str, CompanionReader] = {}
+
+    @property
+    def malformed_events(self) -> int:
+        """Events on the companion topics skipped as malformed."""
+        return sum(int(reader.malformed_events) for reader in self._readers.values())
 
     def follow(self, topics: Iterable[str]) -> None:
         """Also follow these (full, base) topics; reads what their companion topics hold before returning."""
         for topic in topics:
-            companion = watermark_topic_for(topic)
-            if companion in self._readers:
+            if topic in self._readers:
                 continue
-            reader = self._client.create_reader(companion, pulsar.MessageId.earliest, is_read_compacted=True)
-            self._readers[companion] = reader
-            deadline = time.monotonic() + CATCH_UP_LIMIT_S
-            while time.monotonic() < deadline and reader.has_message_available():
-                try:
-                    self._handle(reader.read_next(timeout_millis=1000), topic)
-                except pulsar.Timeout:
-                    break
-            thread = threading.Thread(target=self._run, args=(reader, topic), name=f"wm-head-{topic}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+            reader = CompanionReader(
+                self._client, topic, self._incarnations, on_table=self._on_table, on_head=self._on_head,
+                thread_name=f"wm-head-{topic}",
+            )  # fmt: skip
+            self._readers[topic] = reader
+            reader.catch_up()
+            reader.start()
 
-    def _run(self, reader: pulsar.Reader, topic: str) -> None:
-        while not self._stop.is_set():
-            try:
-                message = reader.read_next(timeout_millis=200)
-            except pulsar.Timeout:
-                continue
-            except Exception:  # closed, or the reader reconnects by itself
-                if self._stop.is_set():
-                    return
-                log.warning("reading watermark events failed; retrying", exc_info=True)
-                time.sleep(1)
-                continue
-            self._handle(message, topic)
+    def _on_table(self, events: list[WatermarkEvent]) -> None:
+        for event in events:
+            if event.event_time is not None:
+                self.known.add((event.topic, event.partition), event.position, event.event_time)
 
-    def _handle(self, message: pulsar.Message, topic: str) -> None:
-        """An event read from `topic`'s companion topic; only facts about `topic` count."""
-        kind = message.properties().get(EVENT_PROPERTY)
-        try:
-            if kind == HEAD_WATERMARK:
-                head = decode_head(message.data())
-                if head.topic == topic and self._incarnations.holds(topic, head.partition, head.incarnation):
-                    self.known.add((head.topic, head.partition), head.position, head.event_time)
-            elif kind == SEND_WATERMARK:
-                for event in decode_table(message.data()):
-                    if (
-                        event.topic == topic and event.event_time is not None
-                        and self._incarnations.holds(topic, event.partition, event.incarnation)
-                    ):  # fmt: skip
-                        self.known.add((event.topic, event.partition), event.position, event.event_time)
-            else:
-                raise MalformedMarker("bad-event", f"unknown watermark event kind {kind!r}")
-        except MalformedMarker as exc:
-            self.malformed_events += 1
-            if self.malformed_events == 1:
-                log.warning("skipping malformed watermark event at %s on %s: %s",
-                            message.message_id(), message.topic_name(), exc)  # fmt: skip
+    def _on_head(self, head: HeadWatermark) -> None:
+        self.known.add((head.topic, head.partition), head.position, head.event_time)
 
     def close(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=2)
         for reader in self._readers.values():
-            with contextlib.suppress(pulsar.PulsarException):
-                reader.close()
+            reader.close()

@@ -198,7 +198,9 @@ def _is_expired(record: ProducerRecord, clock: int, timeout_ms: int) -> bool:
 
 
 def _forget(
-    producers: Mapping[str, ProducerRecord], pending: Mapping[PendingKey, PendingMarker], clock: int,
+    producers: Mapping[str, ProducerRecord],
+    pending: Mapping[PendingKey, PendingMarker],
+    clock: int,
     config: WatermarkConfig,
 ) -> dict[str, ProducerRecord]:
     """Forgetting: drop producers out of the set for longer than the retention on the log clock.

@@ -1,12 +1,14 @@
 """`make chaos`: many randomized fault scenarios on a real local cluster; prints what it injected and found.
 
     python -m tests.chaos [--scenarios 200] [--seed N] [--only SEED [SEED ...]] [--restart-share 0.04]
-                          [--kill-share 0.03] [--cut-share 0.04] [--record]
+                          [--kill-share 0.03] [--cut-share 0.04] [--cluster multi [--brokers 3]] [--record]
 
 Uses the cluster named by PULSAR_SERVICE_URL (then without broker restarts, kills or generator cuts),
 else starts its own standalone broker on free ports, the generators reaching it through a loopback
-proxy that a cut stalls. Exit code 1 if any violation was found; each one names the seed
-that reproduces its scenario (`--only SEED`).
+proxy that a cut stalls. With `--cluster multi` it starts a cluster of several brokers of its own
+(devtools/broker_cluster.py) and adds a cluster's faults: topics unloaded, moved and split, the owning
+broker killed. Exit code 1 if any violation was found; each one names the seed that reproduces its
+scenario (`--only SEED`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+from devtools.broker_cluster import MultiBrokerCluster
 from pulsar_access.admin import PulsarAdmin
 from tests.chaos import oracle
 from tests.chaos.checker import Violation
@@ -39,6 +42,8 @@ from tests.oracle import keep_watermark_history
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "chaos.json"
+MULTI_KEY = "multi_broker"
+"""Where docs/chaos.json keeps the record of a run on several brokers, beside the standalone's."""
 
 
 def say(message: str) -> None:
@@ -49,6 +54,25 @@ def say(message: str) -> None:
 def chaos_cluster(work: Path, keep_history: bool = True) -> Iterator[Cluster]:
     with real_pulsar(work / "pulsar") as running, cluster_on(running, work, keep_history) as cluster:
         yield cluster
+
+
+@contextlib.contextmanager
+def several_brokers_cluster(work: Path, brokers: int, keep_history: bool = True) -> Iterator[Cluster]:
+    """A cluster of `brokers` brokers of the run's own, on free ports; every scenario starts its own generator
+    (none of the cluster's), and clients and admin calls get every broker's address."""
+    several = MultiBrokerCluster.on_free_ports(work / "cluster", brokers, generators=0)
+    try:
+        several.up()
+        settings = several.settings()
+        client = suite_client(settings, work)
+        admin = PulsarAdmin(settings)
+        try:
+            yield Cluster(settings, client, admin, work, keep_history=keep_history, several=several)
+        finally:
+            client.close()
+            admin.close()
+    finally:
+        several.down()
 
 
 @contextlib.contextmanager
@@ -103,7 +127,7 @@ def run_many(
         plan = plan_scenario(
             seed, broker_restarts=cluster.restart_broker is not None, restart_share=restart_share,
             kill_share=kill_share if cluster.kill_broker is not None else 0.0, cut_share=cut_share,
-            generator_cuts=cluster.generator_link is not None,
+            generator_cuts=cluster.generator_link is not None, several_brokers=cluster.several is not None,
         )  # fmt: skip
         try:
             result = run_scenario(cluster, plan, namespace)
@@ -120,7 +144,8 @@ def run_many(
             )
             for violation in result.violations:
                 say(f"  VIOLATION {violation}  (reproduce: python -m tests.chaos --only {seed})")
-            for note in result.notes if verbose or result.violations else [n for n in result.notes if "kept" in n]:
+            shown = [n for n in result.notes if "kept" in n or "timed out" in n]
+            for note in result.notes if verbose or result.violations else shown:
                 say(f"  note: {note}")
         return result
 
@@ -149,9 +174,21 @@ def summary(results: list[ScenarioResult], elapsed_s: float) -> dict[str, object
         "final_watermark_after_faults_p50_s": round(statistics.median(recoveries), 2) if recoveries else None,
         "final_watermark_after_faults_max_s": round(max(recoveries), 2) if recoveries else None,
         **oracle.totals(r.oracle for r in results),
+        "producer_sends_timed_out": sum("send timed out" in n for r in results for n in r.notes),
         "elapsed_s": round(elapsed_s, 1),
         "seeds": [r.seed for r in results],
     }
+
+
+def record(totals: dict[str, object], *, several: bool) -> None:
+    """Write a run's summary to docs/chaos.json, keeping the other kind of run's record."""
+    kept: dict[str, object] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if several:
+        written = {**kept, MULTI_KEY: totals}
+    else:
+        written = {**totals, **({MULTI_KEY: kept[MULTI_KEY]} if MULTI_KEY in kept else {})}
+    RESULTS.write_text(json.dumps(written, indent=2) + "\n")
+    say(f"wrote {RESULTS.relative_to(REPO)}" + (f" (under {MULTI_KEY!r})" if several else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,7 +216,15 @@ def main(argv: list[str] | None = None) -> int:
         help="no retention on the suite's namespace: Pulsar deletes acknowledged ledgers (as in production "
         "without retention), and the oracle, which needs the whole log, is off",
     )  # fmt: skip
-    parser.add_argument("--record", action="store_true", help=f"write the summary to {RESULTS.relative_to(REPO)}")
+    parser.add_argument(
+        "--cluster", choices=["standalone", "multi"], default="standalone",
+        help="multi: a cluster of several brokers of the run's own, with a cluster's faults",
+    )  # fmt: skip
+    parser.add_argument("--brokers", type=int, default=3, help="brokers of a `--cluster multi` run (default 3)")
+    parser.add_argument(
+        "--record", action="store_true",
+        help=f"write the summary to {RESULTS.relative_to(REPO)} (a multi run: under its key {MULTI_KEY!r})",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     # `timeout`, `kill`: leave like Ctrl-C does, through the clean-up that stops the suite's broker
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -193,9 +238,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with (
         tempfile.TemporaryDirectory(prefix="chaos-") as work,
-        chaos_cluster(Path(work), keep_history=not args.no_retention) as cluster,
+        (
+            several_brokers_cluster(Path(work), args.brokers, keep_history=not args.no_retention)
+            if args.cluster == "multi"
+            else chaos_cluster(Path(work), keep_history=not args.no_retention)
+        ) as cluster,
     ):
-        if cluster.restart_broker is None:
+        if cluster.several is not None:
+            say(f"{len(cluster.several.ports)} brokers: topics unloaded, moved and split, the owning broker killed")
+        elif cluster.restart_broker is None:
             say("broker restarts off: the cluster is not one this run started")
         results = run_many(
             cluster, seeds, parallel=args.parallel, deadline_s=args.budget_s, verbose=args.verbose,
@@ -216,8 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         f"max {totals['oracle_late_max_ms']} ms below the log's watermark)"
     )
     if args.record:
-        RESULTS.write_text(json.dumps(totals, indent=2) + "\n")
-        say(f"wrote {RESULTS.relative_to(REPO)}")
+        record(totals, several=args.cluster == "multi")
     return 1 if totals["violations"] else 0
 
 

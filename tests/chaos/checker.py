@@ -14,6 +14,8 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from consumer.engine import RECOMPUTE_WAIT_S
+
 Positions = tuple[tuple[int, int, int], ...]
 """(partition, ledger, entry) of each partition a watermark comes from (`Watermark.computed_at`)."""
 
@@ -131,8 +133,20 @@ def check_monotonic(log: InstanceLog) -> list[Violation]:
 def check_withdrawn(log: InstanceLog) -> list[Violation]:
     """In these scenarios every position a subscription can move back to has a watermark (producers
     assert before they send), so a watermark taken away means the consumer gave up waiting for the
-    generator's recomputed one."""
-    withdrawals = [e for e in log.events if isinstance(e, WatermarkWithdrawn)]
+    generator's recomputed one.
+
+    But for an instance that received nothing for the whole wait (`RECOMPUTE_WAIT_S`) before it: the
+    inactive consumer of a Failover subscription that sought by publish time gets no message that would
+    tell it where its seek landed, so it cannot place the recomputed watermark, and withdrawing is what
+    the consumer must do then (holding on would be premature for a consumer that the messages do reach).
+    """
+    withdrawals = []
+    quiet_since = log.started
+    for event in log.events:
+        if isinstance(event, Delivery):
+            quiet_since = event.at
+        elif isinstance(event, WatermarkWithdrawn) and event.at - quiet_since < RECOMPUTE_WAIT_S - 0.5:
+            withdrawals.append(event)
     if not withdrawals:
         return []
     detail = f"{log.name}: taken away {len(withdrawals)} times, first at {withdrawals[0].at:.1f}"

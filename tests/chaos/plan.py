@@ -21,6 +21,12 @@ class FaultKind(StrEnum):
     RESTART_BROKER = "restart broker"
     KILL_BROKER = "kill -9 broker"
     CUT_GENERATOR = "cut generator off"
+    # on a cluster of several brokers (`--cluster multi`) only
+    UNLOAD_TOPIC = "unload the topic"
+    MOVE_BUNDLE = "move the topic's bundle to another broker"
+    SPLIT_BUNDLE = "split the topic's bundle"
+    KILL_OWNER_BROKER = "kill -9 the broker that owns the topic"
+    KILL_GENERATOR_DURING_MOVE = "kill -9 generator while its topic moves"
 
 
 SUBSCRIPTION_FAULTS = frozenset(
@@ -41,9 +47,11 @@ class Fault:
     kind: FaultKind
     target: int
     """Which subscription (seeks, resets) or consumer slot (crash); for a cut, 1 if the connections are reset
-    when it heals (0: they survive it); unused otherwise."""
+    when it heals (0: they survive it); for a bundle move, which of the other brokers it goes to (modulo
+    their number); unused otherwise."""
     down_s: float
-    """How long the killed or crashed part stays away before it comes back."""
+    """How long the killed or crashed part stays away before it comes back (a killed broker: after its
+    bundles went to the others)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +97,11 @@ CUT_SHARE = 0.04
 """The share of scenarios that cut the generator off from the broker for `CUT_S` seconds."""
 CUT_S = (12.0, 35.0)
 """Longer than the generator's client operation and admin timeouts (10 s), sometimes past a keep-alive (30 s)."""
+CLUSTER_FAULTS = (2, 4)
+"""On several brokers: how many of a scenario's faults are a cluster's (moves, splits, a broker's death)."""
+OWNER_KILL_SHARE = 0.2
+"""On several brokers: the share of scenarios that kill -9 the topic's broker (each costs the metadata
+store's session timeout, 10 s here, and a broker start, about 15 s)."""
 
 
 def plan_scenario(
@@ -99,6 +112,7 @@ def plan_scenario(
     kill_share: float = KILL_SHARE,
     cut_share: float = CUT_SHARE,
     generator_cuts: bool = True,
+    several_brokers: bool = False,
     min_faults: int = 6,
     max_faults: int = 8,
 ) -> ScenarioPlan:
@@ -106,7 +120,8 @@ def plan_scenario(
 
     `restart_share` is the chance that one of the faults is a broker restart; the producers and
     subscriptions do not depend on it (the fault schedule does). `kill_share` and `cut_share` add
-    the hard faults (`with_hard_faults`) without changing any other draw of the plan.
+    the hard faults (`with_hard_faults`) without changing any other draw of the plan. On
+    `several_brokers` the standalone's broker faults give way to a cluster's (`with_cluster_faults`).
     """
     rng = random.Random(seed)
     producers = tuple(
@@ -143,6 +158,8 @@ def plan_scenario(
     faults = with_hard_faults(
         seed, faults, kill_share=kill_share if broker_restarts else 0.0, cut_share=cut_share if generator_cuts else 0.0
     )
+    if several_brokers:
+        faults = with_cluster_faults(seed, faults)
     return ScenarioPlan(
         seed=seed,
         producers=producers,
@@ -173,3 +190,39 @@ def with_hard_faults(seed: int, faults: tuple[Fault, ...], *, kill_share: float,
             cut = kind is FaultKind.CUT_GENERATOR
             faults_list[index] = Fault(faults_list[index].at_s, kind, reset if cut else 0, down_s if cut else 0.0)
     return tuple(faults_list)
+
+
+def with_cluster_faults(seed: int, faults: tuple[Fault, ...]) -> tuple[Fault, ...]:
+    """`faults` with `CLUSTER_FAULTS` of them replaced by a cluster's: unloads, bundle moves (to a broker the
+    run picks), splits, a generator killed while its topic moves, and at `OWNER_KILL_SHARE` a kill -9 of the
+    broker that owns the topic, which comes back after `down_s`.
+
+    Drawn from a generator of their own (as `with_hard_faults`), and never replacing a standalone
+    broker restart, kill or cut (a multi-broker run plans none of those).
+    """
+    rng = random.Random(seed * 1_000_003 + 29)
+    moves = [FaultKind.UNLOAD_TOPIC, FaultKind.MOVE_BUNDLE, FaultKind.MOVE_BUNDLE, FaultKind.SPLIT_BUNDLE]
+    moves.append(FaultKind.KILL_GENERATOR_DURING_MOVE)
+    faults_list = list(faults)
+    replaceable = [i for i, f in enumerate(faults_list) if f.kind not in HARD_FAULTS]
+    chosen = rng.sample(replaceable, min(len(replaceable), rng.randint(*CLUSTER_FAULTS)))
+    kill_at = rng.choice(chosen) if chosen and rng.random() < OWNER_KILL_SHARE else None
+    for index in chosen:
+        kind = FaultKind.KILL_OWNER_BROKER if index == kill_at else rng.choice(moves)
+        down_s = round(rng.uniform(0.0, 5.0 if kind is FaultKind.KILL_OWNER_BROKER else 0.8), 2)
+        faults_list[index] = Fault(faults_list[index].at_s, kind, rng.randrange(1_000), down_s)
+    return tuple(faults_list)
+
+
+CLUSTER_KINDS = frozenset(
+    {
+        FaultKind.UNLOAD_TOPIC,
+        FaultKind.MOVE_BUNDLE,
+        FaultKind.SPLIT_BUNDLE,
+        FaultKind.KILL_OWNER_BROKER,
+        FaultKind.KILL_GENERATOR_DURING_MOVE,
+    }
+)
+"""The faults only a cluster of several brokers has."""
+HARD_FAULTS = frozenset({FaultKind.RESTART_BROKER, FaultKind.KILL_BROKER, FaultKind.CUT_GENERATOR})
+"""The standalone's faults of the broker and the generator's link."""

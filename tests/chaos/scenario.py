@@ -24,9 +24,11 @@ from typing import TypeVar
 import pulsar
 
 from consumer import Watermark, WatermarkConsumer, WatermarkListener
+from devtools.broker_cluster import MultiBrokerCluster
 from producer import WatermarkProducer
 from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.settings import PulsarSettings
+from pulsar_access.topics import namespace_of
 from tests.chaos.checker import (
     Delivery,
     InstanceLog,
@@ -80,6 +82,8 @@ class Cluster:
     """When the broker was killed (monotonic): every scenario running then lived through it."""
     generator_link: GeneratorLink | None = None
     """The generators' route to the broker through proxies a cut stalls; None: they connect directly."""
+    several: MultiBrokerCluster | None = None
+    """The cluster of several brokers the run started, whose topics the faults move; None: one broker."""
 
     def new_client(self) -> pulsar.Client:
         """A client of its own, as a separate consumer process would have."""
@@ -133,6 +137,12 @@ def create_topic_once(admin: PulsarAdmin, topic: str) -> None:
             raise
 
 
+SEND_TIMEOUT_MS = 90_000
+"""A producer's send that waits longer gives up, and the scenario sends again with a new producer. Longer
+than any broker restart or failover here (a killed broker's bundles move after its 10 s session). Found
+on several brokers (seed 24084): after a bundle split and an unload, a Pulsar C++ client producer
+(pulsar-client 3.x) may never reconnect; its sends wait for ever and the broker lists no such
+producer: a send that races an unload can be dropped by the broker without an answer (apache/pulsar#21134)."""
 MOVE_SPACING_S = 1.0
 """The least time between two moves of one subscription with its consumers attached (see `move_back_attached`)."""
 ACKNOWLEDGED_WAIT_S = 15.0
@@ -306,45 +316,72 @@ class Scenario:
         active producers, at most that highest assertion) is never above its later messages.
         """
         rng = random.Random(self.plan.seed * 31 + int(plan.name[1:]))
-        producer = retried(
-            lambda: WatermarkProducer(
-                self.cluster.client, self.topic, producer_name=plan.name,
-                send_timeout_millis=0, batching_enabled=False, keepalive_interval_ms=None,
-            ),
-            f"creating producer {plan.name}",
-        )  # fmt: skip
-        self.producers[plan.name] = producer
-        floor = self.join(producer, plan, 0)
+        self.new_producer(plan.name)
+        floor = self.join(plan, 0)
         ready.wait()
         use_txn = False
         for i in range(plan.messages):
             payload = f"{plan.name}:{i}"
             event_time = max(floor, self.now_ms() - rng.randint(0, plan.disorder_ms))
-            producer.send(payload.encode(), event_timestamp=event_time)
+            self.send_message(plan.name, payload.encode(), event_time)
             with self.sent_lock:
                 self.sent.append(payload)
             if (i + 1) % plan.watermark_every == 0:
                 floor = max(floor, self.now_ms() - plan.disorder_ms)
                 use_txn = plan.transactional and not use_txn
                 with self.assert_lock:
-                    if use_txn:
-                        txn = producer.new_transaction()
-                        producer.new_watermark(txn).event_time(floor).send()
-                        txn.commit() if rng.random() < 0.7 else txn.abort()
+                    if use_txn:  # tried once: a transaction that times out stays open (the generator drops it)
+                        with contextlib.suppress(pulsar.Timeout):
+                            producer = self.producers[plan.name]
+                            txn = producer.new_transaction()
+                            producer.new_watermark(txn).event_time(floor).send()
+                            txn.commit() if rng.random() < 0.7 else txn.abort()
                     else:
-                        producer.new_watermark().event_time(floor).send()
+                        self.assert_at(plan.name, floor)
                     self.highest_assertion = max(self.highest_assertion, floor)
             if plan.idle_after == i:
-                producer.new_watermark().mark_idle().send()
+                self.surely(plan.name, lambda p: p.new_watermark().mark_idle().send())
                 time.sleep(rng.uniform(0.1, 0.5))
-                floor = self.join(producer, plan, floor)
+                floor = self.join(plan, floor)
             time.sleep(self.plan.send_interval_s)
 
-    def join(self, producer: WatermarkProducer, plan: ProducerPlan, floor: int) -> int:
+    def new_producer(self, name: str) -> WatermarkProducer:
+        producer = retried(
+            lambda: WatermarkProducer(
+                self.cluster.client, self.topic, producer_name=name,
+                send_timeout_millis=SEND_TIMEOUT_MS, batching_enabled=False, keepalive_interval_ms=None,
+            ),
+            f"creating producer {name}",
+        )  # fmt: skip
+        self.producers[name] = producer
+        return producer
+
+    def surely(self, name: str, send: Callable[[WatermarkProducer], object]) -> None:
+        """`send` with producer `name` until it succeeds; after a send that timed out, with a new producer
+        (what an application does with a producer that stopped reconnecting, see SEND_TIMEOUT_MS).
+        Sending again may write a message twice: that is at least once, and still honest (nothing in
+        between raised this producer's assertion)."""
+        while True:
+            try:
+                send(self.producers[name])
+                return
+            except pulsar.Timeout:
+                self.notes.append(f"producer {name}: a send timed out after {SEND_TIMEOUT_MS / 1000:.0f} s; re-created")
+                with contextlib.suppress(Exception):
+                    self.producers[name].close(idle=False)
+                self.new_producer(name)
+
+    def send_message(self, name: str, payload: bytes, event_time: int) -> None:
+        self.surely(name, lambda p: p.send(payload, event_timestamp=event_time))
+
+    def assert_at(self, name: str, event_time: int) -> None:
+        self.surely(name, lambda p: p.new_watermark().event_time(event_time).send())
+
+    def join(self, plan: ProducerPlan, floor: int) -> int:
         """Become active: assert at least every assertion so far (in log order, hence the lock)."""
         with self.assert_lock:
             assertion = max(floor, self.now_ms() - plan.disorder_ms, self.highest_assertion)
-            producer.new_watermark().event_time(assertion).send()
+            self.assert_at(plan.name, assertion)
             self.highest_assertion = max(self.highest_assertion, assertion)
         return assertion
 
@@ -376,9 +413,48 @@ class Scenario:
         elif fault.kind is FaultKind.KILL_BROKER:
             if not self.kill_broker():
                 return
-        elif fault.kind is FaultKind.CUT_GENERATOR and not self.cut_generator(fault):
+        elif fault.kind is FaultKind.CUT_GENERATOR:
+            if not self.cut_generator(fault):
+                return
+        elif not self.cluster_fault(fault):  # the cluster kinds
             return
         self.faults[fault.kind.value] += 1
+
+    def cluster_fault(self, fault: Fault) -> bool:
+        """A fault of a cluster of several brokers: the topic unloaded, moved, its bundle split, its broker
+        killed (the others take its bundles; it comes back after `down_s`), or the generator killed while
+        the topic moves."""
+        several, admin = self.cluster.several, self.cluster.admin
+        if several is None:
+            return False
+        if fault.kind is FaultKind.UNLOAD_TOPIC:
+            retried(lambda: admin.unload_topic(self.topic), "unloading the topic")
+        elif fault.kind is FaultKind.SPLIT_BUNDLE:
+            retried(lambda: admin.split_bundle(namespace_of(self.topic), admin.bundle_of(self.topic)), "splitting")
+        elif fault.kind is FaultKind.MOVE_BUNDLE:
+            self.move_elsewhere(several, fault.target)
+        elif fault.kind is FaultKind.KILL_GENERATOR_DURING_MOVE:
+            self.generator.kill()
+            self.move_elsewhere(several, fault.target)
+            time.sleep(fault.down_s)
+            self.generator.start()
+        elif fault.kind is FaultKind.KILL_OWNER_BROKER:
+            with self.cluster.broker_lock:  # one broker down at a time: the other two serve
+                victim = several.owner_index(admin, self.topic, timeout_s=60)
+                several.kill_broker(victim)
+                self.cluster.broker_kills.append(time.monotonic())
+                killed = time.monotonic()
+                heir = several.owner_index(admin, self.topic, timeout_s=90, other_than=victim)
+                self.notes.append(f"killed broker {victim}, which owned the topic; broker {heir} took it after "
+                                  f"{time.monotonic() - killed:.1f} s")  # fmt: skip
+                time.sleep(fault.down_s)
+                several.start_broker(victim)
+        return True
+
+    def move_elsewhere(self, several: MultiBrokerCluster, pick: int) -> None:
+        took = time.monotonic()
+        to = several.move_elsewhere(self.cluster.admin, self.topic, pick=pick)
+        self.notes.append(f"moved to broker {to} in {time.monotonic() - took:.1f} s")
 
     def kill_broker(self) -> bool:
         """`kill -9` of the broker while the producers send: no shutdown, no flush; then a start on its data."""
@@ -558,7 +634,7 @@ class Scenario:
             self.phases["setup"] = self.t_start - started
             self.run_faults()
             for thread in threads:
-                thread.join(timeout=120)
+                thread.join(timeout=300)  # a send may wait SEND_TIMEOUT_MS, then go again
             if not self.generator.running:
                 self.generator.start()
             finishing = time.monotonic()
@@ -589,8 +665,8 @@ class Scenario:
         """Faults are over: a final watermark above everything; check that all of it arrives."""
         final = self.now_ms() + 3_600_000
         quiet = time.monotonic()
-        for producer in self.producers.values():
-            producer.new_watermark().event_time(final).send()
+        for name in list(self.producers):
+            self.assert_at(name, final)
         deadline = quiet + FINAL_BOUND_S
         reached: dict[str, float | None] = {}
         while time.monotonic() < deadline:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pulsar_access.admin import PulsarAdmin
 from tests.chaos.__main__ import cluster_on, run_many, summary
-from tests.chaos.plan import FaultKind, plan_scenario
+from tests.chaos.plan import CLUSTER_KINDS, FaultKind, plan_scenario
 from tests.chaos.scenario import Cluster, suite_client
 from tests.harness import RunningPulsar
 
@@ -35,9 +35,9 @@ def test_short_fault_injection_set_finds_no_violation(
     assert totals["scenarios"] == len(SHORT_SET)
     # what was injected, not what was planned: a fault that could not be injected is not counted
     injected = {r.seed: set(r.faults) for r in results}
-    # every kind but the hard ones (drawn only with kill_share / cut_share: the next test)
+    # every kind but the hard ones (drawn only with kill_share / cut_share: the next test) and a cluster's
     expected = {
-        k.value for k in set(FaultKind) - HARD_FAULTS
+        k.value for k in set(FaultKind) - HARD_FAULTS - CLUSTER_KINDS  # a cluster's: `--cluster multi` only
         if k is not FaultKind.RESTART_BROKER or pulsar_broker.restart is not None
     }  # fmt: skip
     assert injected[SHORT_SET[0]] == expected, injected

@@ -17,8 +17,7 @@ import pulsar
 import pytest
 
 from consumer import WatermarkConsumer
-from devtools.broker_cluster import CLUSTER_NAME, BrokerPorts, MultiBrokerCluster
-from devtools.local_cluster import free_listen_port
+from devtools.broker_cluster import CLUSTER_NAME, MultiBrokerCluster
 from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.settings import PulsarSettings
@@ -32,12 +31,8 @@ BROKERS = 3
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiBrokerCluster]:
-    running = MultiBrokerCluster(
-        state_dir=tmp_path_factory.mktemp("multi-broker"),
-        ports=[BrokerPorts(free_listen_port(), free_listen_port()) for _ in range(BROKERS)],
-        bookie_ports=[free_listen_port()],
-        zookeeper_port=free_listen_port(),
-        generator_env={**FAST, "WM_NAMESPACES": "public/default"},
+    running = MultiBrokerCluster.on_free_ports(
+        tmp_path_factory.mktemp("multi-broker"), BROKERS, generator_env={**FAST, "WM_NAMESPACES": "public/default"}
     )
     try:
         running.up()
@@ -68,10 +63,7 @@ def multi_admin(settings: PulsarSettings) -> Iterator[PulsarAdmin]:
 
 def owned_elsewhere(cluster: MultiBrokerCluster, admin: PulsarAdmin, topic: str, avoid: set[int]) -> int:
     """Move `topic`'s bundle to a broker whose index is not in `avoid`; its index."""
-    owner = cluster.owner_index(admin, topic)
-    to = next(i for i in range(len(cluster.ports)) if i not in avoid and i != owner)
-    cluster.move_topic(admin, topic, to)
-    return to
+    return cluster.move_elsewhere(admin, topic, avoid)
 
 
 # -- the contract's scenarios, on three brokers -------------------------------------------------------

@@ -234,3 +234,52 @@ def test_each_window_is_written_exactly_once_across_random_sigkills_of_the_drive
         downstream.stop()
     assert sums == dict(truth)
     producer.close()
+
+
+def _payloads(client: pulsar.Client, topic: str) -> list[str]:
+    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+    try:
+        return [reader.read_next(10_000).data().decode() for _ in iter(reader.has_message_available, False)]
+    finally:
+        reader.close()
+
+
+def test_entries_run_again_after_a_death_are_dropped_whole_or_written_whole(
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
+) -> None:
+    """What the sink's batching rests on, on the real broker and client: the broker keeps an entry's first
+    sequence id only, drops an entry sent again whole, and takes an entry that straddles it whole (rows
+    twice: why a run again must cut the very same entries)."""
+    from spark_sink.sink import ENTRY_PRODUCER, entries_to_send, send_entries, sequence_id
+    from tests.integration.test_spark import deduplicated
+
+    output = deduplicated(admin, f"{topic}-entries")
+    batch, limits = 7, (3, 1 << 20)
+    messages = [(f"r{row}".encode(), {}) for row in range(10)]
+    sizes = [len(payload) for payload, _ in messages]
+
+    def run(entries_sent: int | None) -> list[range]:
+        """A task's run that dies (its producer gone) after `entries_sent` entries; the entries it sent."""
+        producer = pulsar_client.create_producer(output, producer_name="task-0", **ENTRY_PRODUCER)
+        try:
+            entries = entries_to_send(batch, sizes, producer.last_sequence_id(), *limits)[:entries_sent]
+            send_entries(producer, batch, messages, entries)
+            return entries
+        finally:
+            producer.close()
+
+    assert run(2) == [range(0, 3), range(3, 6)]
+    producer = pulsar_client.create_producer(output, producer_name="task-0", **ENTRY_PRODUCER)
+    assert producer.last_sequence_id() == sequence_id(batch, 3), "the broker keeps an entry's first sequence id"
+    send_entries(producer, batch, messages, [range(0, 3), range(3, 6)])  # the same entries again: dropped whole
+    producer.close()
+    assert _payloads(pulsar_client, output) == [f"r{row}" for row in range(6)]
+    assert run(None) == [range(6, 9), range(9, 10)]
+    assert run(None) == []
+    assert _payloads(pulsar_client, output) == [f"r{row}" for row in range(10)]
+
+    producer = pulsar_client.create_producer(output, producer_name="task-1", **ENTRY_PRODUCER)
+    send_entries(producer, batch, messages, [range(0, 3)])
+    send_entries(producer, batch, messages, [range(1, 5)])  # straddles the last entry: taken whole
+    producer.close()
+    assert _payloads(pulsar_client, output)[10:] == ["r0", "r1", "r2", "r1", "r2", "r3", "r4"]

@@ -119,6 +119,9 @@ class ConsumerWorld:
         self.watermark: Watermark | None = None
         """What the application holds: the listener's last hand-over, or `get_last_watermark()`."""
         self.moved_back = False
+        self.unseen_reset: set[int] = set()
+        """Partitions an operator's reset-cursor moved, with no message of theirs received since: the consumer
+        learns of a reset only from what comes again, so until then what it holds may be above their messages."""
         self.added: set[int] = set()
         self.events = 0
 
@@ -162,6 +165,7 @@ class ConsumerWorld:
             state.others.add(entry)
             return
         state.ours.add(entry)
+        self.unseen_reset.discard(partition)
         if not state.log[entry].marker and self.engine.received_quietly(partition, at(entry)):
             self.check_hand_over(partition, entry)  # the shell's hot path: delivered, nothing else
             self.handed.append((partition, entry))
@@ -234,7 +238,9 @@ class ConsumerWorld:
         state.move(target)
         self.moved_back = True
         if how == "reset":
+            self.unseen_reset.add(partition)
             return
+        self.unseen_reset.discard(partition)
         self.handed = [(p, e) for p, e in self.handed if p != partition]
         engine_target = {"id": (L, target), "inclusive": (L, target), "time": None, "earliest": (-1, -1)}[how]
         self.send(Sought((partition,), engine_target, skips_target=how == "id"))
@@ -285,9 +291,10 @@ class ConsumerWorld:
 
     def still_to_come(self) -> int | None:
         """The lowest event time of a data message the subscription has not acknowledged (partitions that
-        joined the minimum only)."""
+        joined the minimum only, and not moved by a reset-cursor the consumer has not seen yet)."""
         times = [
-            item.event_time for partition, state in self.partitions.items() if not self.joining(partition)
+            item.event_time for partition, state in self.partitions.items()
+            if not self.joining(partition) and partition not in self.unseen_reset
             for entry, item in enumerate(state.log) if not item.marker and entry not in state.acked
         ]  # fmt: skip
         return min(times, default=None)

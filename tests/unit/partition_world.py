@@ -76,7 +76,6 @@ class World:
     delivery: Delivery | None = None
     tables: list[tuple[float, WatermarkEvent]] = field(default_factory=list)
     last_table: tuple[WatermarkEvent, ...] = ()
-    """The events of the table published last (two owners may publish tables of one `seq`)."""
     head_watermarks: list[HeadWatermark] = field(default_factory=list)
     refused: list[RebuildRefused] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
@@ -176,6 +175,8 @@ class World:
 
     def latest_table_holds(self, subscription: str) -> WatermarkEvent | None:
         """The subscription's event in the very latest table, None if that table does not hold it."""
+        # the last table published, not the events with the last `seq`: two owners (a take-over) at the
+        # world's same instant give their tables the same seq (it derives from the clock)
         return next((e for e in self.last_table if e.subscription == subscription), None)
 
     # -- driving engines ----------------------------------------------------------------------------

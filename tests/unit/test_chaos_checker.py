@@ -17,7 +17,7 @@ from tests.chaos.checker import (
     check_withdrawn,
 )
 from tests.chaos.crashes import forgive_lost_acknowledgements
-from tests.chaos.plan import CUT_S, SUBSCRIPTION_FAULTS, FaultKind, plan_scenario
+from tests.chaos.plan import CLUSTER_KINDS, CUT_S, SUBSCRIPTION_FAULTS, FaultKind, plan_scenario
 
 Event = Delivery | WatermarkSeen | WatermarkWithdrawn
 
@@ -78,7 +78,7 @@ def test_a_plan_is_a_function_of_its_seed_and_has_enough_faults() -> None:
     assert all(6 <= len(p.faults) <= 8 for p in plans)
     assert all(p.faults == tuple(sorted(p.faults, key=lambda f: f.at_s)) for p in plans)
     kinds = {f.kind for p in plans for f in p.faults}
-    assert kinds == set(FaultKind)
+    assert kinds == set(FaultKind) - CLUSTER_KINDS  # a run on several brokers adds those
     assert not any(f.kind is FaultKind.RESTART_BROKER for f in plan_scenario(3, broker_restarts=False).faults)
 
 
@@ -163,6 +163,12 @@ def test_a_watermark_that_goes_back_without_moving_back_is_found_and_withdrawals
     withdrawn = instance("c2", [WatermarkSeen(100, 1.0), WatermarkWithdrawn(2.0), Delivery("a", "p0", 5, 3.0)])
     assert check_premature(withdrawn, honest={"p0"}) == [], "no watermark held"
     assert [v.check for v in check_withdrawn(withdrawn)] == ["watermark-withdrawn"]
+    # an inactive Failover consumer that sought by publish time hears nothing for the whole wait: it
+    # cannot tell where its seek landed, and withdrawing is right (seed 26000)
+    unheard = instance("c3", [WatermarkSeen(100, 1.0), WatermarkWithdrawn(32.0)])
+    assert check_withdrawn(unheard) == []
+    heard = instance("c4", [WatermarkSeen(100, 1.0), Delivery("a", "p0", 5, 20.0), WatermarkWithdrawn(32.0)])
+    assert [v.check for v in check_withdrawn(heard)] == ["watermark-withdrawn"]
 
 
 def test_a_message_at_or_before_the_held_watermarks_position_is_stale() -> None:

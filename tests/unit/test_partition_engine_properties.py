@@ -152,7 +152,9 @@ def test_the_latest_table_names_every_subscription_with_a_watermark(script: list
 
 @RELAXED
 @given(
-    st.lists(steps, max_size=60), st.frozensets(st.integers(0, 40), max_size=3), st.integers(2, 6),
+    st.lists(steps, max_size=60),
+    st.frozensets(st.integers(0, 40), max_size=3),
+    st.integers(2, 6),
     st.sampled_from((10_000, 2)),
 )
 def test_taking_over_at_any_point_then_continuing_equals_an_uninterrupted_run(

@@ -1,6 +1,9 @@
-"""The exactly-once sink's pure parts: sequence ids, what a task run again still sends, stable names, routing."""
+"""The exactly-once sink's pure parts: sequence ids, entries, what a task run again still sends, stable names,
+routing."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 from hypothesis import given
@@ -9,9 +12,12 @@ from hypothesis import strategies as st
 pytest.importorskip("pyspark")
 
 from spark_sink.sink import (
+    ENTRY_BYTES,
+    ENTRY_ROWS,
     ROW_BITS,
     SinkOptions,
-    first_unsent,
+    entries_to_send,
+    entry_starts,
     query_producer_name,
     sequence_id,
     target_partitions,
@@ -37,26 +43,70 @@ def test_sequence_ids_out_of_range_are_refused() -> None:
         sequence_id(1 << 31, 0)
 
 
-@given(batches, st.integers(min_value=0, max_value=10_000), st.data())
-def test_a_task_run_again_sends_exactly_the_rows_the_broker_does_not_have(
-    batch: int, count: int, data: st.DataObject
+sizes = st.lists(st.integers(min_value=0, max_value=300), max_size=60)
+limits = st.tuples(st.integers(min_value=1, max_value=8), st.integers(min_value=1, max_value=600))
+
+
+@given(sizes, limits)
+def test_entries_are_cut_greedily_within_the_limits(row_sizes: list[int], limit: tuple[int, int]) -> None:
+    """Every row in one entry; an entry stays within both limits (a bigger row alone) and ends only when the
+    next row would break one: the bounds follow from the rows alone, the same on every run."""
+    max_rows, max_bytes = limit
+    starts = entry_starts(row_sizes, max_rows, max_bytes)
+    bounds = [*starts, len(row_sizes)]
+    assert starts == sorted(set(starts)) and (starts[:1] == [0] if row_sizes else starts == [])
+    for start, end in itertools.pairwise(bounds):
+        weight = sum(row_sizes[start:end])
+        assert end - start <= max_rows and (weight <= max_bytes or end - start == 1)
+        if end < len(row_sizes):
+            assert end - start == max_rows or weight + row_sizes[end] > max_bytes
+    assert entry_starts(row_sizes[:7], max_rows, max_bytes) == [s for s in starts if s < 7]  # a prefix cuts alike
+
+
+def test_the_default_limits_cut_after_a_thousand_rows_or_128_kib() -> None:
+    assert entry_starts([1] * 2500) == [0, ENTRY_ROWS, 2 * ENTRY_ROWS]
+    assert entry_starts([ENTRY_BYTES // 2 + 1] * 3) == [0, 1, 2]
+    assert entry_starts([10, ENTRY_BYTES * 3, 10]) == [0, 1, 2]
+
+
+class Broker:
+    """Pulsar's deduplication for one producer name as the Python client meets it: an entry whose first
+    sequence id is at most the last persisted one is dropped whole, else persisted whole (and it becomes the
+    last: the client does not send a batch's highest sequence id)."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.last = -1
+
+    def persist(self, batch: int, entry: range) -> None:
+        first = sequence_id(batch, entry[0])
+        if first > self.last:
+            self.rows.extend(entry)
+            self.last = first
+
+
+@given(batches, sizes, limits, st.lists(st.integers(min_value=0, max_value=12), max_size=4), st.data())
+def test_a_batch_run_again_after_any_death_writes_each_row_once(
+    batch: int, row_sizes: list[int], limit: tuple[int, int], deaths: list[int], data: st.DataObject
 ) -> None:
-    """Whatever the broker persisted of this producer's rows (none, a prefix, all, or only earlier batches),
-    the rows sent again are exactly the rest: together each row once."""
-    persisted = data.draw(st.integers(min_value=0, max_value=count))  # a prefix: Pulsar persists in order
-    if persisted:
-        last = sequence_id(batch, persisted - 1)
-    elif batch:
-        last = data.draw(st.one_of(st.just(-1), st.builds(sequence_id, st.integers(0, batch - 1), rows)))
-    else:
-        last = -1
-    start = first_unsent(batch, count, last)
-    assert start == persisted
-    assert all(sequence_id(batch, row) > last for row in range(start, count))
+    """Runs of one task that die after any number of entries (a flushed entry is persisted whole, the rest of
+    a dying run never), then one that finishes: the broker holds each row once, in order, and no entry sent
+    is dropped by it; also when the broker's last sequence id is from an earlier batch."""
+    broker = Broker()
+    if batch:
+        broker.last = data.draw(st.one_of(st.just(-1), st.builds(sequence_id, st.integers(0, batch - 1), rows)))
+    for persisted in [*deaths, None]:
+        entries = entries_to_send(batch, row_sizes, broker.last, *limit)
+        assert all(sequence_id(batch, entry[0]) > broker.last for entry in entries[:1])
+        for entry in entries[:persisted]:
+            before = len(broker.rows)
+            broker.persist(batch, entry)
+            assert len(broker.rows) == before + len(entry), "an entry sent was dropped"
+    assert broker.rows == list(range(len(row_sizes)))
 
 
 def test_a_later_batch_already_persisted_sends_nothing_of_an_earlier_one() -> None:
-    assert first_unsent(3, 10, sequence_id(4, 0)) == 10
+    assert entries_to_send(3, [1] * 10, sequence_id(4, 0)) == []
 
 
 def test_names_are_stable_per_query_topic_and_partition_and_differ_otherwise() -> None:
