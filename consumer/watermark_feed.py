@@ -103,8 +103,8 @@ class WatermarkFeed:
         """Held while the engine handles an event and its commands are queued or carried out."""
         self._incarnations = Incarnations.for_consumer(admin_url, reader=f"subscription {subscription!r} of {topic}")
         self._companion = CompanionReader(
-            client, topic, self._incarnations, on_table=self._on_table, on_head=self._on_head, each_turn=self._each_turn,
-            on_idle=self._on_idle, thread_name=f"wm-feed-{subscription}",
+            client, topic, self._incarnations, on_table=self._on_table, on_head=self._on_head,
+            each_turn=self._each_turn, on_idle=self._on_idle, thread_name=f"wm-feed-{subscription}",
         )  # fmt: skip
         # Silent: the history before the latest event (older watermarks, or higher ones from before a
         # seek) is not the subscription's watermark now and is never handed on; the consumer takes

@@ -50,8 +50,9 @@ class CompanionReader:
     """`CompanionReader(client, topic, incarnations, on_table=..., on_head=...)`: `catch_up()`, then `start()`.
 
     `on_table(events)` gets the events of one `SendWatermark` table about `topic`, `on_head(head)` each
-    head event about it; only events about its current incarnation (`incarnations.holds`). On the reading thread, `each_turn()` runs before every wait for the next event
-    and `on_idle()` when none came within `READ_WAIT_MS` (everything published so far has been read).
+    head event about it, and only those about its current incarnation (`incarnations.holds`). On the
+    reading thread, `each_turn()` runs before every wait for the next event and `on_idle()` when none
+    came within `READ_WAIT_MS` (everything published so far has been read).
     """
 
     def __init__(
