@@ -95,7 +95,12 @@ class Incarnations:
     def _first_check(self, name: str) -> IncarnationCheck:
         if self._admin is not None and self._failure is None:
             try:
-                return IncarnationCheck(incarnation_of(self._admin, name))
+                return IncarnationCheck(self._admin.topic_properties(name).get(INCARNATION_PROPERTY))
+            except TopicNotFound:
+                # The reader follows it, so it exists: this admin API is another cluster's (a consumer left on
+                # the default URL while something else listens there). Its "no property" would make every
+                # event with a token stale, so the topic goes unchecked instead.
+                self._failure = f"the admin API at {self._admin.base_url} does not know the topic"
             except AdminError as exc:
                 self._failure = exc  # not asked again for the other partitions: each would wait as long
         self._failure = self._failure or "no admin URL"
