@@ -14,6 +14,7 @@ from bench.common import median_ratio, say, timed
 from consumer import WatermarkConsumer, WatermarkListener
 from producer import WatermarkProducer
 from pulsar_access.settings import PulsarSettings
+from watermark_core.protocol import MARKER_PROPERTY
 
 MESSAGES = 50_000
 PAYLOAD = b"x" * 100
@@ -144,6 +145,35 @@ def _drain_watermark(client: pulsar.Client, topic: str, data: int) -> float:
     return _drain(WatermarkConsumer(client, topic, name, initial_position=EARLIEST), data)
 
 
+class _MarkerHidingOnly:
+    """The floor of any wrapper of `receive`, for comparison only (NOT a correct consumer: no watermark, no
+    trust rule): markers hidden by their property, nothing else; the client's own binding calls."""
+
+    def __init__(self, consumer: pulsar.Consumer) -> None:
+        self._consumer, self._raw, self._schema = consumer, consumer._consumer, consumer._schema
+
+    def receive(self, timeout_millis: int) -> pulsar.Message:
+        while True:
+            raw = self._raw.receive(timeout_millis)
+            if MARKER_PROPERTY in raw.properties():
+                self._raw.acknowledge(raw)
+                continue
+            message = pulsar.Message()
+            message._message, message._schema = raw, self._schema
+            return message
+
+    def acknowledge(self, message: pulsar.Message) -> None:
+        self._raw.acknowledge(message._message)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def _drain_marker_hiding(client: pulsar.Client, topic: str, data: int) -> float:
+    name = f"hide-{uuid.uuid4().hex[:6]}"
+    return _drain(_MarkerHidingOnly(client.subscribe(topic, name, initial_position=EARLIEST)), data)
+
+
 def _batches_raw(client: pulsar.Client, topic: str, total: int) -> float:
     name = f"raw-b-{uuid.uuid4().hex[:6]}"
     return _drain_batches(client.subscribe(topic, name, initial_position=EARLIEST), total)
@@ -185,6 +215,7 @@ def consumer_ratios(client: pulsar.Client) -> dict[str, float]:
         "pull": _ratio(client, topic, "receive", _drain_watermark, _drain_raw),
         "listener": _ratio(client, topic, "listener", _listen_watermark, _listen_raw),
         "batch": _ratio(client, topic, "batch_receive", _batches_watermark, _batches_raw),
+        "floor": _ratio(client, topic, "marker-hiding floor", _drain_marker_hiding, _drain_raw),
     }
 
 
@@ -213,6 +244,12 @@ def run(settings: PulsarSettings) -> dict[str, float | int | str]:
         "consumer_batch_receive_ratio_how": (
             "same topic; WatermarkConsumer.batch_receive (markers hidden) over the plain batch_receive, default "
             f"policy, each message acknowledged; median of {ROUNDS} rounds in alternating order"
+        ),
+        "consumer_marker_hiding_floor_ratio": round(consumer["floor"], 3),
+        "consumer_marker_hiding_floor_ratio_how": (
+            "same topic, same work as the pull figure, by a wrapper that only hides markers (their property "
+            "checked per message; no watermark, no position: not a correct consumer) over the plain client: what "
+            f"any wrapper of receive costs at least; median of {ROUNDS} rounds in alternating order"
         ),
         "producer_throughput_ratio": round(producer, 3),
         "producer_throughput_ratio_how": f"{MESSAGES} messages of 100 B, send_async with batching; one W_SET per 100 "

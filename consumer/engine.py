@@ -291,7 +291,9 @@ class ConsumerEngine:
             self._received(event, out)
         else:
             self._acknowledge(event.partition, event.position, event.token, event.cumulative, out)  # type: ignore[union-attr]
-        if state.floor is not None or state.held is not held or state.joining is not joining or self.trust.regained:
+        trust = self.trust
+        moved = state.floor is not None or state.held is not held or state.joining is not joining
+        if moved or trust.regained or trust.moved_back:
             self._settle(now, out, changed=True)
         elif self._pending:
             self._hand_over(out)
@@ -385,6 +387,8 @@ class ConsumerEngine:
 
     def _settle(self, now: float, out: list[Command], changed: bool) -> None:
         """After every event: release held acknowledgements, start the clocks, hand over what may go."""
+        for partition in self.trust.drain_moved_back():
+            self._guarded_since[partition] = now  # taken only at or before what comes again, until caught up
         for partition in self.trust.drain_regained():
             out.extend(SendAcknowledgement(token) for token in self._held.pop(partition, []))
             changed = True

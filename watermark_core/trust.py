@@ -34,6 +34,15 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   after the target was read before the seek, and the entries between come again: it is dropped; and a
   later event the first message contradicts distrusts from that message, as in `on_event`). A seek to
   the start (`BEFORE_ALL`) needs no wait: the fold there is no watermark, a fact;
+- **moves back seen from what comes again**: a message that comes again after this consumer
+  acknowledged it (it is neither outstanding nor negatively acknowledged, and comes at or before the
+  latest position received) shows a move back the consumer did not make (an operator's reset-cursor),
+  even when it is after the held event's position and was acknowledged at once (a marker): the held
+  watermark still holds, but an event read from now on may have been computed before the move back,
+  so the partition is guarded from that message on, as after a seek (issue 25's property test found
+  a reset back to a marker that let such an event stand). What this consumer acknowledged since the
+  held event is remembered for that (the last `ACKNOWLEDGED_KEPT`); a message another consumer of a
+  Shared subscription gave back was never acknowledged here, so it does not count;
 - **negative acknowledgements**: a nacked message is not outstanding any more (it may go to another
   consumer, or to a dead-letter topic); if it comes back it is received again. Until then (or until an
   event computed after it says it was acknowledged elsewhere) no fact at or after it is fallen back
@@ -97,6 +106,9 @@ WITHDRAWN = Computed(BEFORE_ALL, None)
 """What a partition holds after `give_up` without a fact to fall back on: no watermark, contradicted by no message."""
 
 FACTS_KEPT = 256
+
+ACKNOWLEDGED_KEPT = 10_000
+"""Acknowledgements remembered per partition since the held event, to tell a move back from what comes again."""
 """Facts (events and head events) remembered per partition for `give_up`: at one W_SET a second, minutes of them."""
 
 
@@ -144,6 +156,13 @@ class PartitionTrust:
     guarded: bool = False
     """After a seek or `give_up`: events read may have been computed before the move back (the companion
     topic's reader lags), so one is taken only at or before the frontier, until `on_caught_up`."""
+    last: Position | None = None
+    """The latest position received: a message at or before it comes out of order (see `on_message`)."""
+    acknowledged: dict[Position, None] = field(default_factory=dict)
+    """What this consumer acknowledged (or skipped) after the held event's position, in that order (a dict: an
+    ordered set): one of them received again shows a move back (see the module docstring)."""
+    acknowledged_through: Position | None = None
+    """The latest cumulative acknowledgement after the held event's position."""
     joining: Computed | None = None
     """Added to a live topic: counts in the minimum with this (the minimum when it was added) until its own
     watermark reaches it, so the watermark neither goes back nor passes it (see `add_partition`)."""
@@ -174,6 +193,12 @@ class PartitionTrust:
         return (low is None or position < low) and (queued is None or position < queued)
 
 
+def _keep_newest_half(state: PartitionTrust) -> None:
+    """Bound what is remembered of acknowledgements (a consumer without generator holds no event for long)."""
+    kept = list(state.acknowledged)[ACKNOWLEDGED_KEPT // 2 :]
+    state.acknowledged = dict.fromkeys(kept)
+
+
 class WatermarkTrust:
     """The trust rule over the partitions one consumer reads (see the module docstring).
 
@@ -184,6 +209,7 @@ class WatermarkTrust:
     def __init__(self, partitions: Iterable[int] = ()) -> None:
         self._partitions: dict[int, PartitionTrust] = {p: PartitionTrust() for p in partitions}
         self._regained: set[int] = set()
+        self._moved_back: set[int] = set()
 
     # -- partitions ---------------------------------------------------------------------------------
 
@@ -241,6 +267,7 @@ class WatermarkTrust:
         if queued is not None and event.position >= queued:
             return Outcome.DEFERRED  # `latest`: taken when the copies before it have been handed over
         state.held = event
+        self._forget_acknowledged(state)
         if state.nacked:  # computed after them: acknowledged elsewhere (another consumer, a dead-letter topic)
             state.nacked = {e for e in state.nacked if e > event.position}
         self._join(partition)
@@ -254,6 +281,7 @@ class WatermarkTrust:
         """A message (data or marker) was received at `position`, before it is handed to anyone;
         `queued`: it waits to be handed to a listener (then `on_handed_over`)."""
         state = self._partitions[partition]
+        moved_back = self._came_again(state, position)
         state.outstanding.add(position)
         if state.nacked:
             state.nacked.discard(position[:2])
@@ -283,8 +311,33 @@ class WatermarkTrust:
             state.floor = min(state.floor, entry)
         elif state.held is not None and entry <= state.held.position:
             state.floor = state.frontier = entry  # a move back: what comes next starts here
+            state.last = position
+        elif moved_back:
+            # A move back after the held event: it still holds, but an event read from now on may have been
+            # computed before the move; take one only at or before what comes again (as after a seek).
+            state.frontier, state.guarded = entry, True
+            self._moved_back.add(partition)
         elif state.guarded and state.latest is not state.held:
             self._take_latest(partition)  # the frontier passed it
+
+    @staticmethod
+    def _came_again(state: PartitionTrust, position: Position) -> bool:
+        """Whether a message received now was acknowledged here before (then the subscription moved back);
+        keeps `last` the latest position received, or this one after a move back."""
+        last = state.last
+        if last is None or position > last:
+            state.last = position
+            return False
+        if position in state.outstanding or position[:2] in state.nacked:
+            return False  # a second copy, or one given back: not acknowledged
+        through = state.acknowledged_through
+        if not ((through is not None and position <= through) or position in state.acknowledged):
+            return False  # another consumer gave it back (Shared), or it was delivered here before and lost
+        state.last = position  # what comes again from here is in order again
+        state.acknowledged = {p: None for p in state.acknowledged if p < position}
+        if through is not None and through >= position:
+            state.acknowledged_through = None
+        return True
 
     def on_caught_up(self, partition: int) -> None:
         """Every event published before the partition's last seek or `give_up` has been read: events are
@@ -314,6 +367,10 @@ class WatermarkTrust:
         entry = position[:2]
         if state.held is not None and entry <= state.held.position:
             return False
+        last = state.last
+        if last is not None and position <= last:
+            return False  # out of order: maybe a move back (`on_message`)
+        state.last = position
         state.outstanding.add(position)
         if state.frontier is None or entry > state.frontier:
             state.frontier = entry
@@ -326,6 +383,10 @@ class WatermarkTrust:
         if state is None or state.floor is not None or state.latest is not state.held:
             return False
         state.outstanding.discard(position)
+        acknowledged = state.acknowledged
+        acknowledged[position] = None
+        if len(acknowledged) > ACKNOWLEDGED_KEPT:
+            _keep_newest_half(state)
         return True
 
     def on_handed_over(self, partition: int, position: Position) -> None:
@@ -343,6 +404,9 @@ class WatermarkTrust:
         """The application acknowledges one message; True: hold the acknowledgement back for now."""
         state = self._partitions[partition]
         state.outstanding.discard(position)
+        state.acknowledged[position] = None
+        if len(state.acknowledged) > ACKNOWLEDGED_KEPT:
+            _keep_newest_half(state)
         hold = state.floor is not None and position[:2] <= state.floor
         self._take_latest(partition)  # an event held back for it, or refused while distrusting
         return hold
@@ -352,6 +416,8 @@ class WatermarkTrust:
         state = self._partitions[partition]
         state.outstanding = {p for p in state.outstanding if p > position}
         state.nacked = {e for e in state.nacked if e > position[:2]}
+        if state.acknowledged_through is None or position > state.acknowledged_through:
+            state.acknowledged_through = position
         hold = state.floor is not None and state.floor <= position[:2]
         self._take_latest(partition)  # an event held back for it, or refused while distrusting
         return hold
@@ -368,6 +434,8 @@ class WatermarkTrust:
         for partition in partitions:
             state = self._partitions[partition]
             state.outstanding, state.queued, state.nacked = set(), {}, set()
+            state.last, state.acknowledged_through = None, None  # what comes again is expected now
+            state.acknowledged.clear()
             # What comes next starts at the target (delivered again, even when skipped): before it.
             state.frontier = None if target is None else (target[0], target[1] - 1)
             state.joining, state.guarded = None, True
@@ -450,9 +518,22 @@ class WatermarkTrust:
         if state.latest is None or state.latest is state.held or not state.accepts(state.latest.position):
             return False
         state.held, state.floor, state.provisional = state.latest, None, False
+        self._forget_acknowledged(state)
         self._regained.add(partition)
         self._join(partition)
         return True
+
+    @staticmethod
+    def _forget_acknowledged(state: PartitionTrust) -> None:
+        """Acknowledgements at or before the held event's position: one of them coming again is a move back
+        the held event shows by itself."""
+        assert state.held is not None
+        held = state.held.position
+        if state.acknowledged:
+            state.acknowledged = {p: None for p in state.acknowledged if p[:2] > held}
+        through = state.acknowledged_through
+        if through is not None and through[:2] <= held:
+            state.acknowledged_through = None
 
     def _join(self, partition: int) -> None:
         """A joining partition joins the minimum once its watermark reaches the one it holds."""
@@ -469,6 +550,15 @@ class WatermarkTrust:
         return state.joining if state.joining is not None else state.held
 
     # -- outputs ------------------------------------------------------------------------------------
+
+    def drain_moved_back(self) -> list[int]:
+        """Partitions guarded since the last call because a message came again (see `on_message`)."""
+        moved, self._moved_back = sorted(self._moved_back), set()
+        return moved
+
+    @property
+    def moved_back(self) -> bool:
+        return bool(self._moved_back)
 
     def drain_regained(self) -> list[int]:
         """Partitions trusted again since the last call: their held acknowledgements may go now."""

@@ -7,8 +7,6 @@ at entry e is 1000*(e//2) and a message at entry e has event time 1000*(e//2) to
 
 from __future__ import annotations
 
-import pytest
-
 from consumer.engine import (
     NO_WATERMARK,
     Acknowledged,
@@ -215,7 +213,6 @@ def test_a_marker_and_a_skipped_seek_target_are_never_delivered_and_acknowledged
     assert Skip("t") in out and not any(isinstance(c, Deliver) for c in out)
 
 
-@pytest.mark.xfail(strict=True, reason="open: a move back seen only through a marker leaves no trace (DECISIONS)")
 def test_a_reset_back_to_a_marker_does_not_let_an_event_computed_before_the_reset_stand() -> None:
     """Found by the property test (5000 examples): an operator's reset-cursor moves the subscription back
     to a marker; the marker comes again and is acknowledged at once, so nothing outstanding contradicts
@@ -226,3 +223,39 @@ def test_a_reset_back_to_a_marker_does_not_let_an_event_computed_before_the_rese
     drive.receive(2)  # the reset-cursor to entry 2 (a marker): it comes again, skipped and acknowledged
     drive.event(16)  # computed at 16 before the reset, read now
     assert_not_premature(drive.watermark, 3)  # entry 3 (event time 1000) comes again
+
+
+def test_after_a_reset_back_to_acknowledged_data_the_stale_event_is_taken_once_what_it_covers_came_again() -> None:
+    """A reset back to data acknowledged here: the held watermark stays (it was computed before), the event
+    computed before the reset waits until the entries it covers came again, then it is the watermark."""
+    drive = Drive()
+    drive.event(2)
+    drive.receive(*range(3, 21))
+    drive.receive(5, 6, 7)  # the reset-cursor back to entry 5: 5..7 come again and are acknowledged at once
+    drive.event(20)  # computed at 20 before the reset, read now
+    assert drive.watermark == drive.engine.trust.watermark()
+    assert drive.watermark is not None and drive.watermark.event_time == time_of(2)  # still the held one
+    drive.receive(*range(8, 21))  # the frontier passes 20: everything it covers came again
+    assert drive.watermark is not None and drive.watermark.event_time == time_of(20)
+
+
+def test_a_message_another_shared_consumer_gave_back_is_no_move_back() -> None:
+    """Received out of order but never acknowledged here (another consumer's nack or crash): the next event
+    is taken at once, as before."""
+    drive = Drive()
+    drive.event(2)
+    drive.receive(*range(3, 21, 2), ack=False)  # odd entries: data messages, this consumer's share
+    for entry in range(3, 21, 2):
+        drive(Acknowledged(-1, pos(entry), token=("ack", -1, entry)))
+    drive.receive(4)  # a marker another consumer received and gave back, now here
+    drive.event(20)
+    assert drive.watermark is not None and drive.watermark.event_time == time_of(20)
+
+
+def test_what_is_remembered_of_acknowledgements_stays_bounded_without_a_generator() -> None:
+    from watermark_core.trust import ACKNOWLEDGED_KEPT
+
+    drive = Drive()
+    drive.event(-1)
+    drive.receive(*range(1, 3 * ACKNOWLEDGED_KEPT, 2))  # data only, no event taken meanwhile
+    assert len(drive.engine.trust.state(-1).acknowledged) <= ACKNOWLEDGED_KEPT

@@ -114,9 +114,8 @@ def play(world: ConsumerWorld, script: list[tuple[object, ...]], new_log: list[E
 
 RELAXED = settings(
     max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-    # `make test`'s 300 examples are the same every run: the search still finds, about once in 5 000
-    # examples, the open gap of DECISIONS ("a move back seen only through a marker"), and CI must not
-    # turn red by chance; a run with CONSUMER_ENGINE_EXAMPLES set searches anew each time
+    # `make test`'s 300 examples are the same every run (CI must not turn red by chance); a run with
+    # CONSUMER_ENGINE_EXAMPLES set searches anew each time
     derandomize="CONSUMER_ENGINE_EXAMPLES" not in os.environ,
 )  # fmt: skip
 
