@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import Callable
 from functools import partial
+from typing import NamedTuple
 
 import pulsar
 
@@ -59,25 +60,36 @@ def producer_ratio(client: pulsar.Client) -> float:
     return median_ratio(pairs)
 
 
-def _drain(consumer: pulsar.Consumer | WatermarkConsumer, count: int) -> float:
-    """Seconds to receive and acknowledge `count` messages (subscribing is not timed)."""
-    started = time.perf_counter()
+class Timing(NamedTuple):
+    """Wall seconds, and this process's CPU seconds (every thread: less noisy on a shared machine)."""
+
+    wall: float
+    cpu: float
+
+    @classmethod
+    def since(cls, wall: float, cpu: float) -> Timing:
+        return cls(time.perf_counter() - wall, time.process_time() - cpu)
+
+
+def _drain(consumer: pulsar.Consumer | WatermarkConsumer, count: int) -> Timing:
+    """Time to receive and acknowledge `count` messages (subscribing is not timed)."""
+    wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(count):
         consumer.acknowledge(consumer.receive(timeout_millis=30_000))
-    elapsed = time.perf_counter() - started
+    elapsed = Timing.since(wall, cpu)
     consumer.close()
     return elapsed
 
 
-def _drain_batches(consumer: pulsar.Consumer | WatermarkConsumer, count: int) -> float:
-    """Seconds to `batch_receive` and acknowledge (one by one) `count` messages (subscribing is not timed)."""
-    started = time.perf_counter()
+def _drain_batches(consumer: pulsar.Consumer | WatermarkConsumer, count: int) -> Timing:
+    """Time to `batch_receive` and acknowledge (one by one) `count` messages (subscribing is not timed)."""
+    wall, cpu = time.perf_counter(), time.process_time()
     received = 0
     while received < count:
         for message in consumer.batch_receive():
             consumer.acknowledge(message)
             received += 1
-    elapsed = time.perf_counter() - started
+    elapsed = Timing.since(wall, cpu)
     consumer.close()
     return elapsed
 
@@ -86,20 +98,20 @@ class _Counter:
     """Counts acknowledged messages; `done` once `count` came; times from the first one."""
 
     def __init__(self, count: int) -> None:
-        self.count, self.seen, self.started = count, 0, 0.0
+        self.count, self.seen, self.started, self.started_cpu = count, 0, 0.0, 0.0
         self.done = threading.Event()
 
     def one(self) -> None:
         if self.seen == 0:
-            self.started = time.perf_counter()
+            self.started, self.started_cpu = time.perf_counter(), time.process_time()
         self.seen += 1
         if self.seen == self.count:
             self.done.set()
 
-    def seconds(self) -> float:
+    def seconds(self) -> Timing:
         if not self.done.wait(120):
             raise TimeoutError(f"only {self.seen} of {self.count} messages within 120 s")
-        return time.perf_counter() - self.started
+        return Timing.since(self.started, self.started_cpu)
 
 
 class _AcknowledgingListener(WatermarkListener):
@@ -111,7 +123,7 @@ class _AcknowledgingListener(WatermarkListener):
         self.counter.one()
 
 
-def _listen_raw(client: pulsar.Client, topic: str, total: int) -> float:
+def _listen_raw(client: pulsar.Client, topic: str, total: int) -> Timing:
     counter = _Counter(total)
 
     def on_message(consumer: pulsar.Consumer, message: pulsar.Message) -> None:
@@ -125,7 +137,7 @@ def _listen_raw(client: pulsar.Client, topic: str, total: int) -> float:
     return elapsed
 
 
-def _listen_watermark(client: pulsar.Client, topic: str, data: int) -> float:
+def _listen_watermark(client: pulsar.Client, topic: str, data: int) -> Timing:
     counter = _Counter(data)
     name = f"wm-l-{uuid.uuid4().hex[:6]}"
     consumer = WatermarkConsumer(client, topic, name, listener=_AcknowledgingListener(counter),
@@ -135,12 +147,12 @@ def _listen_watermark(client: pulsar.Client, topic: str, data: int) -> float:
     return elapsed
 
 
-def _drain_raw(client: pulsar.Client, topic: str, total: int) -> float:
+def _drain_raw(client: pulsar.Client, topic: str, total: int) -> Timing:
     name = f"raw-{uuid.uuid4().hex[:6]}"
     return _drain(client.subscribe(topic, name, initial_position=EARLIEST), total)
 
 
-def _drain_watermark(client: pulsar.Client, topic: str, data: int) -> float:
+def _drain_watermark(client: pulsar.Client, topic: str, data: int) -> Timing:
     name = f"wm-{uuid.uuid4().hex[:6]}"
     return _drain(WatermarkConsumer(client, topic, name, initial_position=EARLIEST), data)
 
@@ -169,41 +181,47 @@ class _MarkerHidingOnly:
         self._consumer.close()
 
 
-def _drain_marker_hiding(client: pulsar.Client, topic: str, data: int) -> float:
+def _drain_marker_hiding(client: pulsar.Client, topic: str, data: int) -> Timing:
     name = f"hide-{uuid.uuid4().hex[:6]}"
     return _drain(_MarkerHidingOnly(client.subscribe(topic, name, initial_position=EARLIEST)), data)
 
 
-def _batches_raw(client: pulsar.Client, topic: str, total: int) -> float:
+def _batches_raw(client: pulsar.Client, topic: str, total: int) -> Timing:
     name = f"raw-b-{uuid.uuid4().hex[:6]}"
     return _drain_batches(client.subscribe(topic, name, initial_position=EARLIEST), total)
 
 
-def _batches_watermark(client: pulsar.Client, topic: str, data: int) -> float:
+def _batches_watermark(client: pulsar.Client, topic: str, data: int) -> Timing:
     name = f"wm-b-{uuid.uuid4().hex[:6]}"
     return _drain_batches(WatermarkConsumer(client, topic, name, initial_position=EARLIEST), data)
 
 
-Drain = Callable[[pulsar.Client, str, int], float]
+Drain = Callable[[pulsar.Client, str, int], Timing]
 
 
-def _ratio(client: pulsar.Client, topic: str, what: str, wrapped_drain: Drain, raw_drain: Drain) -> float:
-    """WatermarkConsumer's rate over the plain client's doing the same work, same topic, alternating order."""
+def _ratio(client: pulsar.Client, topic: str, what: str, wrapped_drain: Drain, raw_drain: Drain) -> Timing:
+    """WatermarkConsumer's rate over the plain client's doing the same work, same topic, alternating order:
+    per wall second, and per CPU second of this process."""
     total = MESSAGES + MESSAGES // 100  # the plain client gets the markers as messages
-    pairs = []
+    walls, cpus = [], []
     for round_ in range(ROUNDS):
         if round_ % 2 == 0:
-            raw = MESSAGES / raw_drain(client, topic, total)
-            wrapped = MESSAGES / wrapped_drain(client, topic, MESSAGES)
+            raw = raw_drain(client, topic, total)
+            wrapped = wrapped_drain(client, topic, MESSAGES)
         else:
-            wrapped = MESSAGES / wrapped_drain(client, topic, MESSAGES)
-            raw = MESSAGES / raw_drain(client, topic, total)
-        say(f"consumer {what} round {round_ + 1}: WatermarkConsumer {wrapped:.0f} msg/s, plain {raw:.0f} msg/s")
-        pairs.append((wrapped, raw))
-    return median_ratio(pairs)
+            wrapped = wrapped_drain(client, topic, MESSAGES)
+            raw = raw_drain(client, topic, total)
+        say(
+            f"consumer {what} round {round_ + 1}: WatermarkConsumer {MESSAGES / wrapped.wall:.0f} msg/s "
+            f"({MESSAGES / wrapped.cpu:.0f} per CPU s), plain {MESSAGES / raw.wall:.0f} msg/s "
+            f"({MESSAGES / raw.cpu:.0f} per CPU s)"
+        )
+        walls.append((1 / wrapped.wall, 1 / raw.wall))
+        cpus.append((1 / wrapped.cpu, 1 / raw.cpu))
+    return Timing(median_ratio(walls), median_ratio(cpus))
 
 
-def consumer_ratios(client: pulsar.Client) -> dict[str, float]:
+def consumer_ratios(client: pulsar.Client) -> dict[str, Timing]:
     """WatermarkConsumer's rates over the plain client's, reading the same topic (data + markers)."""
     topic = f"bench-consume-{uuid.uuid4().hex[:8]}"
     producer = WatermarkProducer(
@@ -227,30 +245,41 @@ def run(settings: PulsarSettings) -> dict[str, float | int | str]:
     finally:
         client.close()
     return {
-        "consumer_throughput_ratio": round(consumer["pull"], 3),
+        "consumer_throughput_ratio": round(consumer["pull"].wall, 3),
         "consumer_throughput_ratio_how": "= consumer_pull_throughput_ratio",
-        "consumer_pull_throughput_ratio": round(consumer["pull"], 3),
+        "consumer_pull_throughput_ratio": round(consumer["pull"].wall, 3),
         "consumer_pull_throughput_ratio_how": (
             f"{MESSAGES} messages of 100 B with a W_SET per 100, received and acknowledged one by one "
             "(subscribing not timed), generator running; WatermarkConsumer.receive over a plain pulsar consumer "
             f"on the same topic; median of {ROUNDS} rounds in alternating order"
         ),
-        "consumer_listener_throughput_ratio": round(consumer["listener"], 3),
+        "consumer_listener_throughput_ratio": round(consumer["listener"].wall, 3),
         "consumer_listener_throughput_ratio_how": (
             f"same topic; a WatermarkListener that acknowledges each message over a plain message_listener that "
             f"does, timed from the first message to the last; median of {ROUNDS} rounds in alternating order"
         ),
-        "consumer_batch_receive_ratio": round(consumer["batch"], 3),
+        "consumer_batch_receive_ratio": round(consumer["batch"].wall, 3),
         "consumer_batch_receive_ratio_how": (
             "same topic; WatermarkConsumer.batch_receive (markers hidden) over the plain batch_receive, default "
             f"policy, each message acknowledged; median of {ROUNDS} rounds in alternating order"
         ),
-        "consumer_marker_hiding_floor_ratio": round(consumer["floor"], 3),
+        "consumer_marker_hiding_floor_ratio": round(consumer["floor"].wall, 3),
         "consumer_marker_hiding_floor_ratio_how": (
             "same topic, same work as the pull figure, by a wrapper that only hides markers (their property "
             "checked per message; no watermark, no position: not a correct consumer) over the plain client: what "
             f"any wrapper of receive costs at least; median of {ROUNDS} rounds in alternating order"
         ),
+        "consumer_pull_cpu_ratio": round(consumer["pull"].cpu, 3),
+        "consumer_pull_cpu_ratio_how": (
+            "the pull figure's rounds, per CPU second of the reading process (every thread) instead of per wall "
+            "second: what the wrapper costs, less swayed by other load on a shared machine"
+        ),
+        "consumer_listener_cpu_ratio": round(consumer["listener"].cpu, 3),
+        "consumer_listener_cpu_ratio_how": "the listener figure's rounds, per CPU second of the reading process",
+        "consumer_batch_receive_cpu_ratio": round(consumer["batch"].cpu, 3),
+        "consumer_batch_receive_cpu_ratio_how": "the batch_receive figure's rounds, per CPU second of the process",
+        "consumer_marker_hiding_floor_cpu_ratio": round(consumer["floor"].cpu, 3),
+        "consumer_marker_hiding_floor_cpu_ratio_how": "the floor's rounds, per CPU second of the reading process",
         "producer_throughput_ratio": round(producer, 3),
         "producer_throughput_ratio_how": f"{MESSAGES} messages of 100 B, send_async with batching; one W_SET per 100 "
         f"messages over none; median of {ROUNDS} interleaved rounds",
