@@ -511,7 +511,7 @@ class WatermarkTrust:
         """
         state = self._partitions[partition]
         state.held = self._best_fact(state) or WITHDRAWN
-        state.floor, state.provisional, state.guarded = None, False, True
+        state.floor, state.provisional, state.guarded, state.by_time = None, False, True, False
         self._take_latest(partition)
 
     @staticmethod
