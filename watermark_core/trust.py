@@ -28,12 +28,17 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   to see the backward move and to publish a watermark computed before the floor;
 - **seeks**: `on_seek` distrusts at once, with the seek's target as a provisional floor that the
   first message after it replaces (a seek into a deleted ledger lands later than its target; a
-  seek by publish time has no known target and takes the held event's position); a seek forward
+  seek by publish time has no known target and takes the position of the latest event read, held or
+  not: one computed before it follows a move back); a seek forward
   of the held event's position, known from its target or from that first message, keeps the held
   watermark: computed before it, it holds for everything after it (but a later event computed at or
   after the target was read before the seek, and the entries between come again: it is dropped; and a
   later event the first message contradicts distrusts from that message, as in `on_event`). A seek to
-  the start (`BEFORE_ALL`) needs no wait: the fold there is no watermark, a fact;
+  the start (`BEFORE_ALL`) needs no wait: the fold there is no watermark, a fact. A seek by publish
+  time after which nothing comes here (another consumer of the subscription is the active one) learns
+  where it landed from the generator instead: from an event without watermark at once (it claims
+  nothing), from any other once the reader has read everything published until a while after the seek
+  (`on_caught_up`), unless it restates the event read before it;
 - **moves back seen from what comes again**: a message that comes again after this consumer
   acknowledged it (it is neither outstanding nor negatively acknowledged, and comes at or before the
   latest position received) shows a move back the consumer did not make (an operator's reset-cursor),
@@ -140,6 +145,8 @@ class PartitionTrust:
     """While distrusting, the earliest entry to protect; None while trusting."""
     provisional: bool = False
     """The floor is a seek's target: the first message after the seek replaces it."""
+    by_time: bool = False
+    """The provisional floor is a seek by publish time's, whose target is unknown (see `on_seek`)."""
     nacked: set[Entry] = field(default_factory=set)
     """Entries negatively acknowledged and not received again: no fact at or after one stands for it while
     guarded or falling back (a generator's event at or after one says another consumer acknowledged it)."""
@@ -253,8 +260,11 @@ class WatermarkTrust:
         """A SendWatermark event for the partition, computed at mark-delete `position`."""
         state = self._partitions[partition]
         event = Computed((int(position[0]), int(position[1])), event_time)
-        state.latest = event
+        before, state.latest = state.latest, event
         state.facts.append(event)
+        if state.by_time and state.provisional and self._landed(state, event, before):
+            self._take_latest(partition, anywhere=True)
+            return Outcome.REGAINED
         if state.floor is not None:
             return Outcome.REGAINED if self._reconsider(partition) else Outcome.IGNORED
         if state.guarded:
@@ -293,7 +303,7 @@ class WatermarkTrust:
         if state.floor is not None and state.provisional:
             # The first message after a seek: where delivery really starts. After the held event's
             # position, the seek went forward of it and the held watermark holds again.
-            state.floor, state.provisional, state.frontier = entry, False, entry
+            state.floor, state.provisional, state.frontier, state.by_time = entry, False, entry, False
             if state.held is not None and entry > state.held.position:
                 state.floor = None
                 self._regained.add(partition)
@@ -338,6 +348,18 @@ class WatermarkTrust:
         if through is not None and through >= position:
             state.acknowledged_through = None
         return True
+
+    @staticmethod
+    def _landed(state: PartitionTrust, event: Computed, before: Computed | None) -> bool:
+        """After a seek by publish time that delivered nothing yet: whether `event` says where it landed.
+
+        Claiming no watermark, it is premature for nothing. Once the reader has read every event published
+        until `STALE_WINDOW_S` after the seek (`on_caught_up` ended `guarded`), an event read was computed after
+        the seek (the assumption `guarded` makes), unless it restates the one read before it (a table published
+        for another subscription names this one's last event again until the generator sees the seek)."""
+        if event.event_time is None:
+            return True
+        return not state.guarded and (before is None or before != event)
 
     def on_caught_up(self, partition: int) -> None:
         """Every event published before the partition's last seek or `give_up` has been read: events are
@@ -438,7 +460,7 @@ class WatermarkTrust:
             state.acknowledged.clear()
             # What comes next starts at the target (delivered again, even when skipped): before it.
             state.frontier = None if target is None else (target[0], target[1] - 1)
-            state.joining, state.guarded = None, True
+            state.joining, state.guarded, state.by_time = None, True, False
             if target is not None and target <= BEFORE_ALL:
                 # To the start: the fold there is no watermark, a fact. Events read from now on may
                 # still be from before the seek: only one at or before what came again is taken.
@@ -446,9 +468,14 @@ class WatermarkTrust:
                 state.floor, state.provisional, state.guarded = None, False, True
                 self._regained.add(partition)
                 continue
-            # By publish time: back of the held event, or forward; the first message tells.
-            held = state.held.position if state.held is not None else BEFORE_ALL
-            point = target if target is not None else held
+            if target is None:
+                # By publish time: back of the held event, or forward; the first message tells. An event
+                # computed before the latest one read (taken or not) follows a move back: this one, at the
+                # latest (what no event read says is an earlier one is "What the rule cannot see").
+                read = [event.position for event in (state.held, state.latest) if event is not None]
+                state.floor, state.provisional, state.by_time = max(read, default=BEFORE_ALL), True, True
+                continue
+            point = target
             if state.held is not None and point > state.held.position:
                 # Forward: the held watermark was computed before everything from the target on,
                 # and what came before the target is not delivered any more. An event computed at
@@ -484,7 +511,7 @@ class WatermarkTrust:
         """
         state = self._partitions[partition]
         state.held = self._best_fact(state) or WITHDRAWN
-        state.floor, state.provisional, state.guarded = None, False, True
+        state.floor, state.provisional, state.guarded, state.by_time = None, False, True, False
         self._take_latest(partition)
 
     @staticmethod
@@ -508,16 +535,19 @@ class WatermarkTrust:
         """While distrusting: take the latest event if it is before everything the partition protects now."""
         return self._partitions[partition].floor is not None and self._take_latest(partition)
 
-    def _take_latest(self, partition: int) -> bool:
-        """Take the latest event if it is not the held one and nothing the partition protects contradicts it.
+    def _take_latest(self, partition: int, *, anywhere: bool = False) -> bool:
+        """Take the latest event if it is not the held one and nothing the partition protects contradicts it
+        (`anywhere`: whatever it was computed at; nothing is outstanding or queued after a seek).
 
         By identity: the generator republishes an unchanged value after a move back, and that event,
         equal to the held one, is the evidence a distrusted partition waits for.
         """
         state = self._partitions[partition]
-        if state.latest is None or state.latest is state.held or not state.accepts(state.latest.position):
+        if state.latest is None or state.latest is state.held:
             return False
-        state.held, state.floor, state.provisional = state.latest, None, False
+        if not anywhere and not state.accepts(state.latest.position):
+            return False
+        state.held, state.floor, state.provisional, state.by_time = state.latest, None, False, False
         self._forget_acknowledged(state)
         self._regained.add(partition)
         self._join(partition)

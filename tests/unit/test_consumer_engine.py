@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from consumer.engine import (
     NO_WATERMARK,
+    STALE_WINDOW_S,
     Acknowledged,
     CaughtUp,
     Command,
     ConsumerEngine,
     Deliver,
+    GaveUp,
     HandWatermark,
     HeadRead,
     Limits,
@@ -259,3 +261,62 @@ def test_what_is_remembered_of_acknowledgements_stays_bounded_without_a_generato
     drive.event(-1)
     drive.receive(*range(1, 3 * ACKNOWLEDGED_KEPT, 2))  # data only, no event taken meanwhile
     assert len(drive.engine.trust.state(-1).acknowledged) <= ACKNOWLEDGED_KEPT
+
+
+# -- a seek by publish time after which nothing comes here (chaos seeds 33139, 24067) --------------------------
+# Another consumer of the Failover subscription is the active one (or the others of a Shared one get what
+# comes again): no first message tells this one where the seek landed. It waited the full 30 s and withdrew.
+
+
+def gave_up(out: list[Command]) -> bool:
+    return any(isinstance(command, GaveUp) for command in out)
+
+
+def test_a_seek_by_time_that_delivers_nothing_takes_an_event_computed_before_the_latest_one_read() -> None:
+    """Failed before: with no event held (the one read was refused for a message held), the seek's floor was
+    before every entry, so the recomputed event was refused until the 30 s limit withdrew the watermark."""
+    drive = Drive()
+    drive.receive(*range(1, 10))
+    drive.receive(11, ack=False)
+    drive.event(12)  # computed after the message held: refused, nothing held
+    drive(Sought((-1,), None))  # by publish time; nothing comes here after it
+    drive.event(4)  # the generator's recomputed event: before the one read at 12, so after a move back
+    assert drive.watermark == Watermark(time_of(4))
+    assert_not_premature(drive.watermark, 5)
+    assert not gave_up(drive.after(31))
+
+
+def test_a_seek_by_time_that_delivers_nothing_takes_the_next_event_once_the_older_ones_are_all_read() -> None:
+    """Failed before (30 s, then withdrawn): nothing read before the seek to compare with; an event read
+    while events from before the seek may still come is not taken, the next one after them is."""
+    drive = Drive()
+    drive(Sought((-1,), None))  # attached before the generator published anything for the subscription
+    drive.event(8)  # may have been computed before the seek
+    drive.after(STALE_WINDOW_S)
+    drive(CaughtUp())  # every event published until a second after the seek is read
+    assert drive.watermark is None
+    drive.event(8)  # the same event again (a table published for another subscription restates it)
+    assert drive.watermark is None, "a restatement of an event that may be from before the seek"
+    drive.event(12)  # the generator's next event (a new W_SET folded): computed after the seek
+    assert drive.watermark == Watermark(time_of(12))
+    assert not gave_up(drive.after(31))
+
+
+def test_a_seek_by_time_that_delivers_nothing_still_refuses_an_event_read_before_the_older_ones_are() -> None:
+    drive = Drive()
+    drive(Sought((-1,), None))
+    drive.event(8)
+    drive.after(STALE_WINDOW_S)
+    drive.event(12)  # read before the reader caught up: may have been published before the seek
+    assert drive.watermark is None
+
+
+def test_a_seek_by_time_to_before_the_first_w_set_that_delivers_nothing_withdraws_with_the_generators_event() -> None:
+    """Failed before (distrusted for 30 s): an event without watermark claims nothing, so it is taken at once."""
+    drive = Drive(listener=True)
+    drive(Sought((-1,), None))
+    drive(WatermarkRead(-1, (L, -1), None))
+    assert not drive.engine.trust.distrusting(-1)
+    assert not gave_up(drive.after(31))
+    drive(Received(-1, pos(1), token="first"))  # data before the first W_SET
+    assert drive.out[-1] == Deliver("first")

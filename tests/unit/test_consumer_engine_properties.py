@@ -151,3 +151,69 @@ def test_the_engine_against_the_fold_of_the_log(
         expected = world.fold_now()
         got = world.engine.current
         assert (None if got is None else got.event_time) == expected, (got, expected)
+
+
+idle_actions = st.lists(
+    st.one_of(
+        st.tuples(st.just("other_take"), st.integers(0, 3), st.integers(1, 3)),
+        st.tuples(st.just("other_take"), st.integers(0, 3), st.integers(1, 3)),
+        st.tuples(st.just("other_ack"), st.integers(0, 3), st.integers(0, 5)),
+        st.tuples(st.just("other_ack"), st.integers(0, 3), st.integers(0, 5)),
+        st.tuples(st.just("other_ack"), st.integers(0, 3), st.integers(0, 5)),
+        st.tuples(st.just("other_give_back"), st.integers(0, 3), st.integers(0, 5)),
+        st.tuples(st.just("seek"), st.integers(0, 3), st.integers(-1, 30), st.just("reset")),
+        st.tuples(st.just("poll")),
+        st.tuples(st.just("poll")),
+        st.tuples(st.just("caught_up")),
+        st.tuples(st.just("caught_up")),
+        st.tuples(st.just("read"), st.integers(1, 5)),
+        st.tuples(st.just("read"), st.integers(1, 5)),
+        st.tuples(st.just("tick"), st.sampled_from((0.5, 1.0, 2.0, 6.0, 31.0))),
+        st.tuples(st.just("generator"), st.booleans()),
+        st.tuples(st.just("produce"), st.integers(0, 3), st.integers(0, 400), st.booleans()),
+    ),
+    max_size=40,
+)
+"""What may happen while another consumer of the subscription gets every message: no deliveries here."""
+
+
+@RELAXED
+@given(
+    first=logs(),
+    second=logs(),
+    added=logs(start=0),
+    before=actions,
+    target=st.integers(-1, 30),
+    after=idle_actions,
+    listener=st.booleans(),
+    partitioned=st.booleans(),
+    publishes_none=st.booleans(),
+)
+def test_a_seek_by_publish_time_after_which_another_consumer_gets_everything(
+    first: list[Entry],
+    second: list[Entry],
+    added: list[Entry],
+    before: list[tuple[object, ...]],
+    target: int,
+    after: list[tuple[object, ...]],
+    listener: bool,
+    partitioned: bool,
+    publishes_none: bool,
+) -> None:
+    """Nothing comes to this consumer after its seek by time (another is the active one): it learns where the
+    seek landed from the generator alone, and is never premature for what the other consumers still get."""
+    world = ConsumerWorld(
+        [first, second] if partitioned else [first], listener=listener, partitioned=partitioned,
+        publishes_none=publishes_none,
+    )  # fmt: skip
+    world.generator_poll()
+    world.read_events(10)
+    play(world, before, added)
+    for partition in sorted(world.partitions):
+        world.seek(partition, target, "time")
+    play(world, after, added)
+    world.settle()
+    if not world.added:
+        expected = world.fold_now()
+        got = world.engine.current
+        assert (None if got is None else got.event_time) == expected, (got, expected)
