@@ -291,7 +291,11 @@ class WatermarkTrust:
         """A message (data or marker) was received at `position`, before it is handed to anyone;
         `queued`: it waits to be handed to a listener (then `on_handed_over`)."""
         state = self._partitions[partition]
-        moved_back = self._came_again(state, position)
+        last = state.last
+        if last is None or position > last:  # in order (the hot path): no move back
+            state.last, moved_back = position, False
+        else:
+            moved_back = self._came_again(state, position)
         state.outstanding.add(position)
         if state.nacked:
             state.nacked.discard(position[:2])
@@ -332,12 +336,8 @@ class WatermarkTrust:
 
     @staticmethod
     def _came_again(state: PartitionTrust, position: Position) -> bool:
-        """Whether a message received now was acknowledged here before (then the subscription moved back);
-        keeps `last` the latest position received, or this one after a move back."""
-        last = state.last
-        if last is None or position > last:
-            state.last = position
-            return False
+        """Whether a message received at or before `last` was acknowledged here before (then the subscription
+        moved back, and `last` becomes its position)."""
         if position in state.outstanding or position[:2] in state.nacked:
             return False  # a second copy, or one given back: not acknowledged
         through = state.acknowledged_through
