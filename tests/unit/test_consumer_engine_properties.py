@@ -120,6 +120,28 @@ RELAXED = settings(
 )  # fmt: skip
 
 
+def started(
+    first: list[Entry], second: list[Entry], *, listener: bool, partitioned: bool, publishes_none: bool
+) -> ConsumerWorld:
+    """A world whose generator has published once and whose consumer has read it."""
+    world = ConsumerWorld(
+        [first, second] if partitioned else [first], listener=listener, partitioned=partitioned,
+        publishes_none=publishes_none,
+    )  # fmt: skip
+    world.generator_poll()
+    world.read_events(10)
+    return world
+
+
+def assert_converges(world: ConsumerWorld) -> None:
+    """Once everything settled, the consumer's watermark is the fold at the mark-delete position."""
+    world.settle()
+    if not world.added:
+        expected = world.fold_now()
+        got = world.engine.current
+        assert (None if got is None else got.event_time) == expected, (got, expected)
+
+
 @RELAXED
 @given(
     first=logs(),
@@ -139,18 +161,9 @@ def test_the_engine_against_the_fold_of_the_log(
     partitioned: bool,
     publishes_none: bool,
 ) -> None:
-    world = ConsumerWorld(
-        [first, second] if partitioned else [first], listener=listener, partitioned=partitioned,
-        publishes_none=publishes_none,
-    )  # fmt: skip
-    world.generator_poll()
-    world.read_events(10)
+    world = started(first, second, listener=listener, partitioned=partitioned, publishes_none=publishes_none)
     play(world, script, added)
-    world.settle()
-    if not world.added:
-        expected = world.fold_now()
-        got = world.engine.current
-        assert (None if got is None else got.event_time) == expected, (got, expected)
+    assert_converges(world)
 
 
 idle_actions = st.lists(
@@ -202,18 +215,9 @@ def test_a_seek_by_publish_time_after_which_another_consumer_gets_everything(
 ) -> None:
     """Nothing comes to this consumer after its seek by time (another is the active one): it learns where the
     seek landed from the generator alone, and is never premature for what the other consumers still get."""
-    world = ConsumerWorld(
-        [first, second] if partitioned else [first], listener=listener, partitioned=partitioned,
-        publishes_none=publishes_none,
-    )  # fmt: skip
-    world.generator_poll()
-    world.read_events(10)
+    world = started(first, second, listener=listener, partitioned=partitioned, publishes_none=publishes_none)
     play(world, before, added)
     for partition in sorted(world.partitions):
         world.seek(partition, target, "time")
     play(world, after, added)
-    world.settle()
-    if not world.added:
-        expected = world.fold_now()
-        got = world.engine.current
-        assert (None if got is None else got.event_time) == expected, (got, expected)
+    assert_converges(world)
