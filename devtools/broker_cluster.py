@@ -44,6 +44,7 @@ from devtools.local_cluster import (
     say,
     stop_recorded,
 )
+from devtools.plugin import broker_settings as plugin_settings
 from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.settings import PulsarSettings
 from pulsar_access.topics import namespace_of, watermark_namespace
@@ -87,6 +88,8 @@ class MultiBrokerCluster:
     bookie_ports: list[int] = field(default_factory=list)
     extra_broker_config: dict[str, str] = field(default_factory=dict)
     generator_env: dict[str, str] = field(default_factory=dict)
+    plugin: bool = True
+    """Every broker loads the broker plugin (broker_ext/plugin/)."""
 
     def __post_init__(self) -> None:
         if not self.ports:
@@ -251,6 +254,7 @@ class MultiBrokerCluster:
             "loadBalancerAutoBundleSplitEnabled": "false",
             "loadBalancerAutoUnloadSplitBundlesEnabled": "false",
             "managedLedgerCacheSizeMB": "64",
+            **(plugin_settings() if self.plugin else {}),
             **self.extra_broker_config,
         }
 

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import requests
 
+from devtools.plugin import MAVEN_SETTINGS
+from devtools.plugin import broker_settings as plugin_settings
 from pulsar_access.auth_tokens import (
     ADMIN_ROLE,
     APPLICATION_WATERMARK_ACTIONS,
@@ -119,10 +121,6 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 </project>
 """
 
-# Pulsar's poms name extra repositories that this machine cannot reach; everything is on Central.
-_MAVEN_SETTINGS = """<settings><mirrors><mirror><id>central-only</id><mirrorOf>*</mirrorOf>
-<url>https://repo.maven.apache.org/maven2</url></mirror></mirrors></settings>
-"""
 
 
 def pulsar_lib_dir(version: str = PULSAR_VERSION) -> Path:
@@ -144,7 +142,7 @@ def ensure_pulsar_jars(version: str = PULSAR_VERSION) -> Path:
     work = lib.parent
     work.mkdir(parents=True, exist_ok=True)
     (work / "pom.xml").write_text(_POM.format(version=version))
-    (work / "settings.xml").write_text(_MAVEN_SETTINGS)
+    (work / "settings.xml").write_text(MAVEN_SETTINGS)
     log_path = work / "maven.log"
     say(f"fetching Apache Pulsar {version} (broker and dependencies) from Maven Central into {lib}")
     command = [
@@ -216,6 +214,8 @@ class LocalCluster:
     generator_env: dict[str, str] = field(default_factory=dict)
     auth: str | None = None
     """None, or "token": token authentication and authorization (docs/SECURITY.md)."""
+    plugin: bool = True
+    """Load the broker plugin (broker_ext/plugin/); False: a broker without it, as a managed service may be."""
 
     def __post_init__(self) -> None:
         if self.auth not in AUTH_MODES:
@@ -283,6 +283,7 @@ class LocalCluster:
             "dbStorage_writeCacheMaxSizeMb": "64",
             "dbStorage_readAheadCacheMaxSizeMb": "64",
             **(self.tokens.broker_config() if self.auth == "token" else {}),
+            **(plugin_settings() if self.plugin else {}),
             **self.extra_broker_config,
         }
         conf = self.state_dir / "standalone.conf"

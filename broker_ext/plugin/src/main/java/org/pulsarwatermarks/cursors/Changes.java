@@ -1,0 +1,18 @@
+package org.pulsarwatermarks.cursors;
+
+import java.util.List;
+import java.util.Map;
+
+/**
+ * One answer to a generator: the topics whose cursors changed since the sequence number it knew.
+ *
+ * <p>{@code full} means the answer lists every followed topic this broker serves, and a topic not
+ * in it is not served here: the generator's sequence number came from another run of the broker
+ * (the epoch changed) or from before what this broker still remembers of removed topics.
+ */
+public record Changes(String epoch, long seq, boolean full, Map<String, TopicCursors> topics, List<String> gone) {
+
+    public boolean isEmpty() {
+        return !full && topics.isEmpty() && gone.isEmpty();
+    }
+}

@@ -1,0 +1,83 @@
+package org.pulsarwatermarks.cursors;
+
+import java.util.function.Consumer;
+import javax.servlet.ServletRequest;
+import javax.servlet.ServletResponse;
+import javax.servlet.http.HttpServletRequest;
+import org.apache.pulsar.broker.PulsarService;
+import org.apache.pulsar.broker.intercept.BrokerInterceptor;
+import org.apache.pulsar.broker.service.ServerCnx;
+import org.apache.pulsar.broker.service.Subscription;
+import org.apache.pulsar.common.api.proto.BaseCommand;
+import org.apache.pulsar.common.api.proto.CommandAck;
+
+/**
+ * The broker's hooks: names the topic whose cursors may have moved, and changes nothing.
+ *
+ * <p>The broker loads interceptors and servlets in class loaders of their own, so the servlet, which
+ * keeps the report, hands this interceptor a {@code Consumer<String>} (a JDK type both loaders share)
+ * through {@link #accept}. {@code messageAcked} runs after the cursor's mark-delete position moved in
+ * memory; seeks and admin calls (reset, expiry, unsubscribe, unload, delete) ask for a sweep, since
+ * the cursor moves after the hook.
+ */
+public final class CursorInterceptor implements BrokerInterceptor, Consumer<Consumer<String>> {
+    private volatile Consumer<String> listener = topic -> {};
+
+    /** The servlet's listener of topics that may have moved. */
+    @Override
+    public void accept(Consumer<String> listener) {
+        this.listener = listener;
+    }
+
+    @Override
+    public void messageAcked(ServerCnx cnx, org.apache.pulsar.broker.service.Consumer consumer, CommandAck ack) {
+        touched(consumer);
+    }
+
+    @Override
+    public void consumerCreated(ServerCnx cnx, org.apache.pulsar.broker.service.Consumer consumer,
+            java.util.Map<String, String> metadata) {
+        touched(consumer);
+    }
+
+    @Override
+    public void consumerClosed(ServerCnx cnx, org.apache.pulsar.broker.service.Consumer consumer,
+            java.util.Map<String, String> metadata) {
+        touched(consumer);
+    }
+
+    private void touched(org.apache.pulsar.broker.service.Consumer consumer) {
+        Subscription subscription = consumer.getSubscription();
+        if (subscription != null && subscription.getTopic().getSubscription(BrokerCursors.GENERATOR_SUBSCRIPTION) != null) {
+            listener.accept(subscription.getTopicName());
+        }
+    }
+
+    @Override
+    public void onPulsarCommand(BaseCommand command, ServerCnx cnx) {
+        switch (command.getType()) {
+            case SEEK, UNSUBSCRIBE -> listener.accept(CursorTracker.EVERYTHING);
+            default -> { }
+        }
+    }
+
+    @Override
+    public void onWebserviceResponse(ServletRequest request, ServletResponse response) {
+        if (request instanceof HttpServletRequest http && !"GET".equals(http.getMethod())
+                && http.getRequestURI() != null && http.getRequestURI().startsWith("/admin/")) {
+            listener.accept(CursorTracker.EVERYTHING); // a reset, expiry, skip, unsubscribe, unload or delete
+        }
+    }
+
+    @Override
+    public void onWebserviceRequest(ServletRequest request) {}
+
+    @Override
+    public void onConnectionClosed(ServerCnx cnx) {}
+
+    @Override
+    public void initialize(PulsarService pulsar) {}
+
+    @Override
+    public void close() {}
+}

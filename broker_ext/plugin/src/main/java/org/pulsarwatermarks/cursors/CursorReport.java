@@ -1,0 +1,153 @@
+package org.pulsarwatermarks.cursors;
+
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.TreeMap;
+import java.util.UUID;
+
+/**
+ * Every followed topic's cursors with the sequence number of its last change: what a generator
+ * that knew sequence {@code n} has to be told. No log of moves is kept, only the latest state per
+ * topic, so memory stays one entry per topic (and a bounded number of removed ones), however often
+ * cursors move. Pure and thread-safe; the broker's side is {@link CursorTracker}.
+ */
+public final class CursorReport {
+    private static final class Entry {
+        long version;
+        TopicCursors cursors; // null: removed (no longer served here, or no longer followed)
+
+        Entry(long version, TopicCursors cursors) {
+            this.version = version;
+            this.cursors = cursors;
+        }
+    }
+
+    private final String epoch;
+    private final int maxRemoved;
+    private final Map<String, Entry> topics = new HashMap<>();
+    private long seq;
+    private long forgottenUpTo;
+    private int removed;
+    private Runnable onChange = () -> {};
+
+    /** {@code maxRemoved}: how many removed topics are remembered before a lagging generator gets a full answer. */
+    public CursorReport(String epoch, int maxRemoved) {
+        this.epoch = epoch;
+        this.maxRemoved = maxRemoved;
+    }
+
+    public CursorReport() {
+        this(UUID.randomUUID().toString(), 10_000);
+    }
+
+    public String epoch() {
+        return epoch;
+    }
+
+    /** Called after every change, outside the lock (to wake generators that wait). */
+    public synchronized void onChange(Runnable listener) {
+        onChange = listener;
+    }
+
+    /** The topic's cursors as read now; a change only if they moved from what was reported. */
+    public void update(String topic, TopicCursors cursors) {
+        Runnable listener;
+        synchronized (this) {
+            Entry entry = topics.get(topic);
+            if (entry != null && !cursors.movedFrom(entry.cursors)) {
+                return;
+            }
+            if (entry == null) {
+                topics.put(topic, new Entry(++seq, cursors));
+            } else {
+                if (entry.cursors == null) {
+                    removed--;
+                }
+                entry.version = ++seq;
+                entry.cursors = cursors;
+            }
+            listener = onChange;
+            notifyAll();
+        }
+        listener.run();
+    }
+
+    /** The topic is no longer served here (unloaded, deleted) or no longer followed. */
+    public void remove(String topic) {
+        Runnable listener;
+        synchronized (this) {
+            Entry entry = topics.get(topic);
+            if (entry == null || entry.cursors == null) {
+                return;
+            }
+            entry.version = ++seq;
+            entry.cursors = null;
+            removed++;
+            if (removed > maxRemoved) {
+                forgetOldestRemoved();
+            }
+            listener = onChange;
+            notifyAll();
+        }
+        listener.run();
+    }
+
+    private void forgetOldestRemoved() {
+        String oldest = null;
+        long version = Long.MAX_VALUE;
+        for (Map.Entry<String, Entry> e : topics.entrySet()) {
+            if (e.getValue().cursors == null && e.getValue().version < version) {
+                oldest = e.getKey();
+                version = e.getValue().version;
+            }
+        }
+        topics.remove(oldest);
+        removed--;
+        forgottenUpTo = Math.max(forgottenUpTo, version);
+    }
+
+    /** The topics that have cursors reported now. */
+    public synchronized Set<String> present() {
+        Set<String> present = new java.util.HashSet<>();
+        topics.forEach((topic, entry) -> {
+            if (entry.cursors != null) {
+                present.add(topic);
+            }
+        });
+        return present;
+    }
+
+    /** What a generator that knew {@code since} of run {@code knownEpoch} has to be told (maybe nothing). */
+    public synchronized Changes since(String knownEpoch, long since) {
+        boolean full = !epoch.equals(knownEpoch) || since < forgottenUpTo || since > seq;
+        Map<String, TopicCursors> changed = new TreeMap<>();
+        List<String> gone = new ArrayList<>();
+        topics.forEach((topic, entry) -> {
+            if (entry.cursors != null && (full || entry.version > since)) {
+                changed.put(topic, entry.cursors);
+            } else if (entry.cursors == null && !full && entry.version > since) {
+                gone.add(topic);
+            }
+        });
+        gone.sort(null);
+        return new Changes(epoch, seq, full, changed, gone);
+    }
+
+    /** Like {@link #since}, but waits up to {@code timeoutMs} for a change (a long poll on a thread of its own). */
+    public synchronized Changes await(String knownEpoch, long since, long timeoutMs) throws InterruptedException {
+        long deadline = System.nanoTime() + timeoutMs * 1_000_000L;
+        Changes changes = since(knownEpoch, since);
+        while (changes.isEmpty()) {
+            long left = (deadline - System.nanoTime()) / 1_000_000L;
+            if (left <= 0) {
+                break;
+            }
+            wait(left);
+            changes = since(knownEpoch, since);
+        }
+        return changes;
+    }
+}

@@ -1,0 +1,115 @@
+package org.pulsarwatermarks.cursors;
+
+import java.util.HashSet;
+import java.util.Optional;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
+import org.apache.pulsar.broker.service.BrokerService;
+import org.apache.pulsar.broker.service.Topic;
+import org.apache.pulsar.broker.service.persistent.PersistentTopic;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Keeps the {@link CursorReport} true to the broker, on one thread of its own.
+ *
+ * <p>A topic named by the interceptor (an acknowledgement, a consumer come or gone) is read a few
+ * milliseconds later, coalescing a burst; anything else (a seek, an admin call such as a reset, an
+ * unload or a deletion) asks for a sweep of every loaded topic soon; and a sweep every
+ * {@code sweepIntervalMs} catches what passes no hook at all (message expiry, a topic unloaded by the
+ * load manager). Only topics with a {@code __wm_generator} subscription are read: others cost a map
+ * lookup per acknowledgement and nothing else.
+ */
+final class CursorTracker implements AutoCloseable {
+    static final String EVERYTHING = "*";
+    private static final Logger log = LoggerFactory.getLogger(CursorTracker.class);
+    private static final long COALESCE_MS = 2;
+    private static final long[] SWEEPS_AFTER_ADMIN_MS = {100, 600};
+
+    private final BrokerService broker;
+    private final CursorReport report;
+    private final ScheduledExecutorService thread;
+    private final Set<String> touched = ConcurrentHashMap.newKeySet();
+    private final AtomicBoolean readScheduled = new AtomicBoolean();
+
+    CursorTracker(BrokerService broker, CursorReport report, long sweepIntervalMs) {
+        this.broker = broker;
+        this.report = report;
+        this.thread = Executors.newSingleThreadScheduledExecutor(runnable -> {
+            Thread t = new Thread(runnable, "watermark-cursors");
+            t.setDaemon(true);
+            return t;
+        });
+        thread.scheduleWithFixedDelay(this::sweep, 0, sweepIntervalMs, TimeUnit.MILLISECONDS);
+    }
+
+    /** From the broker's threads: {@code topic} may have moved, or {@link #EVERYTHING}. Cheap. */
+    void touched(String topic) {
+        if (EVERYTHING.equals(topic)) {
+            for (long delay : SWEEPS_AFTER_ADMIN_MS) {
+                thread.schedule(this::sweep, delay, TimeUnit.MILLISECONDS);
+            }
+            return;
+        }
+        touched.add(topic);
+        if (readScheduled.compareAndSet(false, true)) {
+            thread.schedule(this::readTouched, COALESCE_MS, TimeUnit.MILLISECONDS);
+        }
+    }
+
+    private void readTouched() {
+        readScheduled.set(false); // before draining: a topic touched from now on schedules another read
+        for (String topic : drain()) {
+            try {
+                Optional<Topic> loaded = broker.getTopicReference(topic);
+                TopicCursors cursors = loaded.isPresent() && loaded.get() instanceof PersistentTopic persistent
+                        ? BrokerCursors.read(persistent) : null;
+                if (cursors != null) {
+                    report.update(topic, cursors);
+                } else {
+                    report.remove(topic);
+                }
+            } catch (RuntimeException e) {
+                log.warn("watermark-cursors: reading {} failed; the next sweep reads it again", topic, e);
+            }
+        }
+    }
+
+    private Set<String> drain() {
+        Set<String> topics = new HashSet<>();
+        for (String topic : touched) {
+            touched.remove(topic);
+            topics.add(topic);
+        }
+        return topics;
+    }
+
+    void sweep() {
+        try {
+            Set<String> seen = new HashSet<>();
+            broker.forEachPersistentTopic(topic -> {
+                TopicCursors cursors = BrokerCursors.read(topic);
+                if (cursors != null) {
+                    seen.add(topic.getName());
+                    report.update(topic.getName(), cursors);
+                }
+            });
+            for (String topic : report.present()) {
+                if (!seen.contains(topic)) {
+                    report.remove(topic);
+                }
+            }
+        } catch (RuntimeException e) {
+            log.warn("watermark-cursors: a sweep failed; the next one tries again", e);
+        }
+    }
+
+    @Override
+    public void close() {
+        thread.shutdownNow();
+    }
+}

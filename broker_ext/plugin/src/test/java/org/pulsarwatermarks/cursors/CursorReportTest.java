@@ -1,0 +1,130 @@
+package org.pulsarwatermarks.cursors;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+import org.junit.jupiter.api.Test;
+
+class CursorReportTest {
+    static TopicCursors cursors(long acknowledged) {
+        return cursors(acknowledged, 20);
+    }
+
+    static TopicCursors cursors(long acknowledged, long lastEntry) {
+        TreeMap<String, TopicCursors.Position> map = new TreeMap<>();
+        map.put("__wm_generator", new TopicCursors.Position(5, 1));
+        map.put("app", new TopicCursors.Position(5, acknowledged));
+        return new TopicCursors(map, "gen-1", new TopicCursors.Position(5, lastEntry), List.of(new TopicCursors.Ledger(5, 0)));
+    }
+
+    @Test
+    void aGeneratorOfAnotherRunGetsEverythingAsFull() {
+        CursorReport report = new CursorReport("run-2", 10);
+        report.update("a", cursors(3));
+        report.update("b", cursors(4));
+        Changes changes = report.since("run-1", 17);
+        assertTrue(changes.full());
+        assertEquals(Map.of("a", cursors(3), "b", cursors(4)), changes.topics());
+        assertEquals("run-2", changes.epoch());
+        assertEquals(2, changes.seq());
+    }
+
+    @Test
+    void onlyWhatChangedSinceIsTold() {
+        CursorReport report = new CursorReport("run", 10);
+        report.update("a", cursors(3));
+        report.update("b", cursors(4));
+        long known = report.since("run", -1).seq();
+        report.update("a", cursors(3)); // the same: no change
+        assertTrue(report.since("run", known).isEmpty());
+        report.update("b", cursors(9));
+        Changes changes = report.since("run", known);
+        assertFalse(changes.full());
+        assertEquals(Map.of("b", cursors(9)), changes.topics());
+    }
+
+    @Test
+    void messagesPublishedAloneAreNoNewsButTravelWithTheNextMove() {
+        CursorReport report = new CursorReport("run", 10);
+        report.update("a", cursors(3, 20));
+        long known = report.since("run", -1).seq();
+        report.update("a", cursors(3, 90));
+        assertTrue(report.since("run", known).isEmpty());
+        report.update("a", cursors(4, 95));
+        assertEquals(Map.of("a", cursors(4, 95)), report.since("run", known).topics());
+    }
+
+    @Test
+    void aRemovedTopicIsToldGoneAndComesBackAsChanged() {
+        CursorReport report = new CursorReport("run", 10);
+        report.update("a", cursors(3));
+        long known = report.since("run", -1).seq();
+        report.remove("a");
+        assertEquals(List.of("a"), report.since("run", known).gone());
+        long after = report.since("run", known).seq();
+        report.update("a", cursors(3)); // loaded again: reported again even though equal to before
+        assertEquals(Map.of("a", cursors(3)), report.since("run", after).topics());
+        assertEquals(List.of(), report.since("run", after).gone());
+    }
+
+    @Test
+    void aGeneratorBehindWhatIsRememberedOfRemovedTopicsGetsAFullAnswer() {
+        CursorReport report = new CursorReport("run", 2);
+        for (String topic : List.of("a", "b", "c", "d")) {
+            report.update(topic, cursors(1));
+        }
+        long known = report.since("run", -1).seq();
+        report.remove("a");
+        report.remove("b");
+        report.remove("c"); // one more than remembered: "a" is forgotten
+        Changes changes = report.since("run", known);
+        assertTrue(changes.full());
+        assertEquals(Map.of("d", cursors(1)), changes.topics());
+        assertEquals(List.of(), changes.gone());
+        Changes recent = report.since("run", report.since("run", -1).seq() - 1);
+        assertFalse(recent.full());
+        assertEquals(List.of("c"), recent.gone());
+    }
+
+    @Test
+    void aSequenceFromTheFutureIsAnotherRun() {
+        CursorReport report = new CursorReport("run", 10);
+        report.update("a", cursors(1));
+        assertTrue(report.since("run", 50).full()); // a broker restarted with the same epoch cannot happen; be safe
+    }
+
+    @Test
+    void awaitReturnsOnTheChangeAndListenersHearIt() throws Exception {
+        CursorReport report = new CursorReport("run", 10);
+        int[] heard = {0};
+        report.onChange(() -> heard[0]++);
+        Thread writer = new Thread(() -> {
+            try {
+                Thread.sleep(50);
+            } catch (InterruptedException e) {
+                return;
+            }
+            report.update("a", cursors(7));
+        });
+        writer.start();
+        long started = System.nanoTime();
+        Changes changes = report.await("run", 0, 10_000);
+        writer.join();
+        assertEquals(Map.of("a", cursors(7)), changes.topics());
+        assertTrue((System.nanoTime() - started) / 1_000_000 < 5_000);
+        assertEquals(1, heard[0]);
+    }
+
+    @Test
+    void awaitGivesUpEmptyAfterItsTimeout() throws Exception {
+        CursorReport report = new CursorReport("run", 10);
+        report.update("a", cursors(1));
+        Changes changes = report.await("run", 1, 20);
+        assertTrue(changes.isEmpty());
+        assertEquals(1, changes.seq());
+    }
+}
