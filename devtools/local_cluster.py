@@ -122,7 +122,6 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 """
 
 
-
 def pulsar_lib_dir(version: str = PULSAR_VERSION) -> Path:
     return cache_dir() / f"pulsar-{version}" / "lib"
 
