@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test unit integration lint demo cluster-up cluster-down cluster-status bench chaos clean
+.PHONY: install test unit integration lint jars plugin demo cluster-up cluster-down cluster-status bench chaos clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed: set PYTHON=python3.11")'
@@ -20,9 +20,17 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: $(STAMP) lint
+# The broker's jars (once, with progress) and the broker plugin (Java, with its JUnit tests) come first, in steps of
+# their own; then the Python unit tests (no broker) and the integration tests against a real broker.
+test: $(STAMP) lint plugin
 	$(PY) -m pytest -m unit -q
 	$(PY) -m pytest -m integration -q
+
+jars: $(STAMP)
+	$(PY) -m devtools.local_cluster fetch
+
+plugin: jars
+	$(PY) -m devtools.plugin --test
 
 unit: $(STAMP)
 	$(PY) -m pytest -m unit -q

@@ -79,7 +79,11 @@ class AckWatch:
     """Scrapes in a row that showed none of the watched topics."""
 
     def watch(self, topic: str) -> None:
-        self.watched.add(topic)
+        if topic not in self.watched:
+            # what a scrape saw while nobody waited here is no baseline: an acknowledgement then may be the
+            # one the marker waits for, so the first scrape after this reads the cursors
+            self.seen.pop(topic, None)
+            self.watched.add(topic)
 
     def unwatch(self, topic: str) -> None:
         self.watched.discard(topic)

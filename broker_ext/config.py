@@ -39,6 +39,8 @@ class GeneratorConfig:
     idle_poll_interval_s: float = 1.0
     ack_watch_interval_s: float = 1.0
     stats_rate: float = 10.0
+    cursor_source: str = "auto"
+    """"auto": the broker plugin where brokers serve it, else the admin API; "admin": the admin API only."""
     discovery_interval_s: float = 2.0
     metrics_port: int = 9108
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
@@ -130,6 +132,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "at less often (env WM_STATS_RATE; default 10)",
     )  # fmt: skip
     parser.add_argument(
+        "--cursor-source", choices=("auto", "admin"), default=_env("WM_CURSOR_SOURCE", d.cursor_source),
+        help="where cursor positions come from: 'auto' uses the broker plugin watermark-cursors where the broker "
+        "serves it and the admin API elsewhere; 'admin' only the admin API (env WM_CURSOR_SOURCE; default auto)",
+    )  # fmt: skip
+    parser.add_argument(
         "--metrics-port", type=int, default=int(_env("WM_METRICS_PORT", str(d.metrics_port))),
         help="Prometheus metrics on this port, 0 to disable (env WM_METRICS_PORT; default 9108)",
     )  # fmt: skip
@@ -211,6 +218,7 @@ def from_arguments(args: argparse.Namespace) -> GeneratorConfig:
         ack_watch_interval_s=args.ack_watch_interval_s,
         idle_poll_interval_s=args.idle_poll_interval_s,
         stats_rate=args.stats_rate,
+        cursor_source=args.cursor_source,
         metrics_port=args.metrics_port,
         instance_id=args.instance_id,
         watermark_namespace=watermark_namespace(args.watermark_namespace),

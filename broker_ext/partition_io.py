@@ -53,7 +53,7 @@ from broker_ext.engine.vocabulary import (
 from broker_ext.loop import EventLoop
 from broker_ext.metrics import GeneratorMetrics
 from broker_ext.ownership import consumer_name, instance_of
-from broker_ext.polling import CursorPoller, PollState
+from broker_ext.polling import CursorSource, PollState
 from broker_ext.reads import message_position, read_marker_at, read_range
 from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound
 from pulsar_access.topics import base_topic_and_partition
@@ -89,7 +89,8 @@ class Context:
     loop: EventLoop
     pool: Executor
     """Blocking Pulsar calls: subscribing, creating producers, a rebuild's reads."""
-    poller: CursorPoller
+    poller: CursorSource
+    """Where each cursor is: the broker plugin or the admin API (broker_ext/polling.py `CursorSource`)."""
 
 
 def engine_config(config: GeneratorConfig) -> EngineConfig:

@@ -170,6 +170,31 @@ class PollState:
     """The last move was found more than `LATE_S` after the latest marker read: the subscriptions acknowledge late."""
     unprobed: int = 0
     """Markers read since the last one that got fast polls (a late partition gets them for one in `PROBE_EVERY`)."""
+    pushed: bool = False
+    """A broker's plugin reports this partition's moves (broker_ext/plugin_cursors.py): the sweep leaves it alone."""
+
+
+class CursorSource(Protocol):
+    """Where each cursor is: the admin API (`CursorPoller`) or the broker plugin (`PluginCursors`).
+
+    Partitions tell it what happened (`after`: an event, maybe a marker read; `owned`: it owns the
+    partition now) or ask (`request`: the cursors now); it answers with `partition.cursors(...)` or
+    `partition.lost(owner)` on the loop thread, whenever the cursors move.
+    """
+
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def add(self, partition: Followed) -> None: ...
+
+    def remove(self, partition: Followed) -> None: ...
+
+    def owned(self, partition: Followed) -> None: ...
+
+    def after(self, partition: Followed, marker_read: bool) -> None: ...
+
+    def request(self, partition: Followed) -> None: ...
 
 
 class CursorPoller:
@@ -306,7 +331,11 @@ class CursorPoller:
         assert self._scraper is not None
         self._scraper.submit(work)
 
+    def start(self) -> None:
+        self.sweeper.start()
+
     def close(self) -> None:
+        self.sweeper.stop()
         if self._scraper is not None:
             self._scraper.shutdown(wait=False, cancel_futures=True)
 
@@ -564,7 +593,10 @@ class Sweeper:
         with self._lock:
             while self._round:
                 base_topic = self._round[0]
-                owned = [p for p in self._partitions.get(base_topic, {}).values() if p.owner and not p.closed]
+                owned = [
+                    p for p in self._partitions.get(base_topic, {}).values()
+                    if p.owner and not p.closed and not p.poll.pushed
+                ]  # fmt: skip
                 if not owned:
                     self._round.popleft()
                     self._queued.discard(base_topic)

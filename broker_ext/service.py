@@ -23,7 +23,8 @@ from broker_ext.dispatch import WatermarkDispatcher
 from broker_ext.loop import EventLoop
 from broker_ext.metrics import GeneratorMetrics
 from broker_ext.partition_io import Context, PartitionIO
-from broker_ext.polling import CursorPoller
+from broker_ext.plugin_cursors import PluginCursors
+from broker_ext.polling import CursorPoller, CursorSource
 from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound
 from pulsar_access.settings import PulsarSettings
 from pulsar_access.topics import TopicName, full_name, is_watermark_topic, partition_names
@@ -78,8 +79,15 @@ class GeneratorService:
             count=lambda call: self.metrics.admin_calls.labels(call).inc(), first_poll_s=config.first_poll_s,
             ack_watch_interval_s=config.ack_watch_interval_s,
         )  # fmt: skip
+        self.cursors: CursorSource = self.poller
+        if config.cursor_source == "auto":
+            self.cursors = PluginCursors(self.loop, self.admin, self.poller, self.admin_pool,
+                                         count=lambda call: self.metrics.admin_calls.labels(call).inc())  # fmt: skip
+        else:
+            log.info("reading cursor positions through the admin API (--cursor-source admin): one internal-stats "
+                     "call per topic and acknowledgement (docs/OPERATIONS.md)")  # fmt: skip
         self.ctx = Context(
-            self.client, self.admin, config, self.dispatcher, self.metrics, self.loop, self.pool, self.poller
+            self.client, self.admin, config, self.dispatcher, self.metrics, self.loop, self.pool, self.cursors
         )
         self.partitions: dict[str, PartitionIO] = {}
         """Every partition followed, by topic name; touched only on the loop's thread."""
@@ -121,7 +129,7 @@ class GeneratorService:
             log.info("following %s", topic)
             partition = PartitionIO(topic, self.ctx)
             self.partitions[topic] = partition
-            self.poller.add(partition)
+            self.cursors.add(partition)
             partition.subscribe()
         for topic in sorted(self.partitions.keys() - wanted):
             log.info("%s is gone; no longer following it", topic)
@@ -164,7 +172,7 @@ class GeneratorService:
                  self.settings.admin_url, self.config.watermark_namespace, self.config.snapshot_keys)  # fmt: skip
         warn_about_snapshot_key(self.config)
         self.loop.start()
-        self.poller.sweeper.start()
+        self.cursors.start()
         while not self._stop.is_set():
             try:
                 self.dispatcher.ensure_namespace()  # once it succeeds: consumers may read the tables' topics
@@ -209,8 +217,7 @@ class GeneratorService:
         if self.loop.alive:
             self.loop.post(close_partitions)
             closed.wait(10)
-        self.poller.sweeper.stop()
-        self.poller.close()
+        self.cursors.close()
         self.loop.stop()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.admin_pool.shutdown(wait=False, cancel_futures=True)

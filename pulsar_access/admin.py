@@ -39,6 +39,13 @@ class TopicNotFound(AdminError):
     """The topic (or its subscription) does not exist."""
 
 
+class PluginMissing(AdminError):
+    """The broker does not serve the watermark-cursors plugin (a broker without it answers 404)."""
+
+
+PLUGIN_CHANGES_PATH = "/watermark-cursors/changes"
+
+
 class PulsarAdmin:
     """Admin API calls over one HTTP session."""
 
@@ -65,6 +72,11 @@ class PulsarAdmin:
             connections, self._fast_connections = self._fast_connections, []
         for connection in connections:
             connection.close()
+
+    @property
+    def admin_bases(self) -> list[str]:
+        """Every admin URL configured (`PULSAR_ADMIN_URL` may list several brokers)."""
+        return list(self._bases)
 
     @property
     def base_url(self) -> str:
@@ -473,6 +485,29 @@ class PulsarAdmin:
         """
         origins = {self._owners.get(_topic_key(TopicName.parse(topic).rest_path), self.base_url) for topic in topics}
         return [self.broker_metrics(origin) for origin in sorted(origins or {self.base_url})]
+
+    def plugin_changes(self, broker: str, epoch: str, since: int, timeout_ms: int) -> dict[str, Any]:
+        """The topics whose cursors moved on `broker` since sequence `since` of its run `epoch`, from its
+        watermark-cursors plugin (broker_ext/plugin/; docs/PROTOCOL.md section 10): a long poll that answers at
+        the first move or after `timeout_ms`. Raises `PluginMissing` where the broker does not serve it."""
+        url = f"{broker}{PLUGIN_CHANGES_PATH}"
+        params = {"epoch": epoch, "since": str(since), "timeoutMs": str(timeout_ms)}
+        try:
+            response = self._http.get(url, params=params, timeout=self.timeout_s + timeout_ms / 1000)
+        except requests.RequestException as exc:
+            raise BrokerUnreachable(f"the broker at {broker} does not answer ({type(exc).__name__})") from exc
+        if response.status_code == 404:
+            raise PluginMissing(f"{url} answered 404", 404)
+        if response.status_code in (401, 403):
+            raise PluginMissing(
+                f"{url} refused the generator's role ({response.status_code}): the plugin lets in super-users and "
+                "the role that may produce to the watermark namespace (docs/SECURITY.md)",
+                response.status_code,
+            )
+        if response.status_code >= 400:
+            raise AdminError(f"{url} failed with {response.status_code}", response.status_code)
+        answer: dict[str, Any] = orjson.loads(response.content)
+        return answer
 
     def broker_metrics(self, base_url: str | None = None) -> bytes:
         """The Prometheus text of one broker (`/metrics/`; default: the admin URL in use): every topic it serves,

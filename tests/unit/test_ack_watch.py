@@ -73,13 +73,15 @@ def test_only_watched_partitions_whose_subscriptions_moved_are_read() -> None:
     assert watch.scraped(104.0, {T0: {"app": 3}, T1: {"app": 5, "new": 1}}) == []  # T0 no longer waits
 
 
-def test_a_partition_watched_later_is_compared_with_the_last_scrape_that_showed_it() -> None:
+def test_a_partition_watched_later_is_read_once_then_compared_with_the_scrapes_since() -> None:
+    # until issue 33 the first scrape compared with one made while T0 was not watched, and found nothing
     watch = AckWatch(interval_s=1.0)
     watch.watch(T1)
     watch.scraped(100.0, {T0: {"app": 1}, T1: {"app": 1}})
     watch.watch(T0)
-    assert watch.scraped(101.0, {T0: {"app": 1}, T1: {"app": 1}}) == []
-    assert watch.scraped(102.0, {T0: {"app": 4}, T1: {"app": 1}}) == [T0]
+    assert watch.scraped(101.0, {T0: {"app": 1}, T1: {"app": 1}}) == [T0]
+    assert watch.scraped(102.0, {T0: {"app": 1}, T1: {"app": 1}}) == []
+    assert watch.scraped(103.0, {T0: {"app": 4}, T1: {"app": 1}}) == [T0]
 
 
 def test_scrapes_that_show_no_watched_topic_slow_down_and_recover() -> None:
@@ -210,3 +212,14 @@ def test_without_the_watch_a_late_partition_keeps_its_fast_polls() -> None:
     partition.poll.late = True
     poller.after(partition, marker_read=True)
     assert partition.poll.fast_interval == 0.12
+
+
+def test_an_acknowledgement_seen_while_the_partition_was_not_watched_is_not_its_baseline() -> None:
+    """A scrape for other topics saw this partition's acknowledgement; a marker then waits on it: the first scrape
+    after it is watched must read its cursors, not take that acknowledgement as 'nothing moved' (issue 33)."""
+    watch = AckWatch(interval_s=1.0)
+    watch.watch("other")
+    watch.scraped(100.0, {"other": {"app": 1}, T0: {"app": 5}})  # T0 acknowledged while not watched
+    watch.watch(T0)  # a marker now waits on T0 past its fast poll
+    assert watch.scraped(101.0, {"other": {"app": 1}, T0: {"app": 5}}) == [T0]
+    assert watch.scraped(102.0, {"other": {"app": 1}, T0: {"app": 5}}) == []  # then only moves count

@@ -1,0 +1,243 @@
+"""Where each cursor is, pushed by the broker plugin (broker_ext/plugin/): no admin call in steady state.
+
+The plugin, loaded in every broker, keeps each followed topic's cursors (every durable subscription's
+mark-delete position, the owner of `__wm_generator`, the last entry and the ledgers) and answers a long
+poll with the topics that moved since the sequence number the caller knew. `PluginCursors` keeps one
+such poll open per broker, on a thread of its own, and hands each move to the partition's engine as
+the `CursorsPolled` an internal-stats read would have given: the engine does not know which it got.
+
+It has the surface of `CursorPoller` (broker_ext/polling.py), which it wraps: a topic that no
+plugin reports (a broker without the plugin, a broker that went away, a topic not loaded yet) is
+followed by the poller's admin calls as before, and handed back once a plugin reports it. Brokers
+are the admin URLs and, for a topic no plugin reports, its owner (one lookup). A broker's run is its
+`epoch`: after a restart the plugin answers with everything it serves (`full`). Costs: docs/OPERATIONS.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+from broker_ext.engine.vocabulary import CursorsPolled
+from broker_ext.loop import EventLoop
+from broker_ext.polling import CursorPoller, Followed
+from pulsar_access.admin import AdminError, PluginMissing, PulsarAdmin
+from watermark_core.protocol import GENERATOR_SUBSCRIPTION, INTERNAL_SUBSCRIPTIONS
+
+log = logging.getLogger(__name__)
+
+LONG_POLL_MS = 20_000
+"""How long the plugin holds a poll without news (it holds no broker thread meanwhile)."""
+RETRY_MAX_S = 5.0
+LOST_AFTER_S = 3.0
+"""A broker that has not answered for this long: its topics go back to admin reads until a plugin reports them."""
+LOOKUP_EVERY_S = 30.0
+"""A topic no plugin reports is looked up (who serves it) at most this often."""
+ABSENT_RETRY_S = 300.0
+"""A broker that answered without the plugin is asked again this much later (it may be restarted with it)."""
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """One topic as a broker's plugin reported it last."""
+
+    broker: str
+    cursors: CursorsPolled
+    owner: str | None
+
+
+def cursors_from(report: Mapping[str, Any]) -> tuple[CursorsPolled, str | None]:
+    """A topic of the plugin's answer as the engine's `CursorsPolled`, and the owner of `__wm_generator`."""
+    cursors = report["cursors"]
+    generator = cursors.get(GENERATOR_SUBSCRIPTION) or (-1, -1)
+    subscriptions = {name: (int(p[0]), int(p[1])) for name, p in cursors.items() if name not in INTERNAL_SUBSCRIPTIONS}
+    return (
+        CursorsPolled(
+            subscriptions=subscriptions,
+            generator_cursor=(int(generator[0]), int(generator[1])),
+            last_confirmed=(int(report["lastConfirmed"][0]), int(report["lastConfirmed"][1])),
+            ledgers=tuple((int(lid), int(entries)) for lid, entries in report["ledgers"]),
+        ),
+        report.get("owner"),
+    )
+
+
+class PluginCursors:
+    """Cursor moves pushed by every broker's plugin; the wrapped poller for what no plugin reports."""
+
+    def __init__(
+        self, loop: EventLoop, admin: PulsarAdmin, poller: CursorPoller, pool: Executor,
+        count: Callable[[str], None] = lambda call: None,
+    ) -> None:  # fmt: skip
+        self.loop = loop
+        self.admin = admin
+        self.poller = poller
+        self.pool = pool
+        self._count = count
+        self._followed: dict[str, Followed] = {}
+        self._pushed: dict[str, Pushed] = {}
+        """Topic -> what a plugin said of it last (loop thread)."""
+        self._brokers: dict[str, threading.Thread] = {}
+        self._absent: dict[str, float] = {}
+        """Broker -> when it answered without the plugin (loop thread)."""
+        self._looked_up: dict[str, float] = {}
+        self._stopping = threading.Event()
+        self._said_path = False
+
+    # -- the surface partitions and the service use (loop thread, but start/close) ----------------------
+
+    def start(self) -> None:
+        self.poller.start()
+        for base in self.admin.admin_bases:
+            self._follow_broker(base)
+
+    def close(self) -> None:
+        self._stopping.set()
+        self.poller.close()
+
+    def add(self, partition: Followed) -> None:
+        self._followed[partition.topic] = partition
+        self.poller.add(partition)
+
+    def remove(self, partition: Followed) -> None:
+        self._followed.pop(partition.topic, None)
+        self.poller.remove(partition)
+
+    def owned(self, partition: Followed) -> None:
+        if partition.topic in self._pushed:
+            self.request(partition)
+        else:
+            self.poller.owned(partition)
+            self._look_up(partition)
+
+    def after(self, partition: Followed, marker_read: bool) -> None:
+        if partition.topic not in self._pushed:
+            self.poller.after(partition, marker_read)
+
+    def request(self, partition: Followed) -> None:
+        pushed = self._pushed.get(partition.topic)
+        if pushed is None:
+            self.poller.request(partition)
+            return
+        self.loop.post(lambda: self._deliver(partition, pushed) if not partition.closed else None)
+
+    # -- answers (loop thread) ------------------------------------------------------------------------------
+
+    def _deliver(self, partition: Followed, pushed: Pushed) -> None:
+        if pushed.owner is not None and pushed.owner != partition.consumer_name and partition.owner:
+            partition.lost(pushed.owner)
+        else:
+            partition.cursors(pushed.cursors)
+
+    def _answered(self, broker: str, answer: Mapping[str, Any]) -> None:
+        self._absent.pop(broker, None)
+        if not self._said_path:
+            self._said_path = True
+            log.info("cursor positions come from the broker plugin watermark-cursors (first answer from %s): no "
+                     "admin call per topic in steady state", broker)  # fmt: skip
+        reported = answer.get("topics") or {}
+        if answer.get("full"):
+            self._forget(broker, [t for t, p in self._pushed.items() if p.broker == broker and t not in reported])
+        self._forget(broker, answer.get("gone") or [])
+        for topic, report in reported.items():
+            polled, owner = cursors_from(report)
+            pushed = Pushed(broker, polled, owner)
+            self._pushed[topic] = pushed
+            partition = self._followed.get(topic)
+            if partition is None or partition.closed:
+                continue
+            partition.poll.pushed = True
+            if partition.owner or partition.wants_cursors:
+                self._deliver(partition, pushed)
+
+    def _forget(self, broker: str, topics: list[str]) -> None:
+        """The broker no longer serves these topics (moved, unloaded, deleted, or it went away): admin reads
+        follow them until a plugin reports them again."""
+        for topic in topics:
+            pushed = self._pushed.get(topic)
+            if pushed is None or pushed.broker != broker:
+                continue  # another broker reports it since
+            del self._pushed[topic]
+            partition = self._followed.get(topic)
+            if partition is not None and not partition.closed:
+                partition.poll.pushed = False
+                if partition.owner:
+                    self.poller.owned(partition)
+                    self.poller.request(partition)
+                    self._look_up(partition)
+
+    def _lost_broker(self, broker: str) -> None:
+        self._forget(broker, [t for t, p in self._pushed.items() if p.broker == broker])
+
+    def _plugin_missing(self, broker: str, reason: str) -> None:
+        first = not self._absent
+        self._absent[broker] = time.monotonic()
+        self._brokers.pop(broker, None)
+        if first:
+            log.warning("the broker at %s does not serve the plugin watermark-cursors (%s): the generator reads "
+                        "cursor positions there through the admin API, one internal-stats call per topic and "
+                        "acknowledgement (docs/OPERATIONS.md: installing the plugin)", broker, reason)  # fmt: skip
+        self._lost_broker(broker)
+
+    # -- brokers --------------------------------------------------------------------------------------------
+
+    def _look_up(self, partition: Followed) -> None:
+        """Which broker serves a topic no plugin reports: poll that broker's plugin too."""
+        now = time.monotonic()
+        if now - self._looked_up.get(partition.topic, -LOOKUP_EVERY_S) < LOOKUP_EVERY_S:
+            return
+        self._looked_up[partition.topic] = now
+
+        def work() -> None:
+            try:
+                broker = self.admin.owner(partition.topic)
+            except AdminError as exc:
+                log.debug("looking up %s failed: %s", partition.topic, exc)
+                return
+            self.loop.post(lambda: self._follow_broker(broker.rstrip("/")))
+
+        self.pool.submit(work)
+
+    def _follow_broker(self, broker: str) -> None:
+        if broker in self._brokers or self._stopping.is_set():
+            return
+        absent_at = self._absent.get(broker)
+        if absent_at is not None and time.monotonic() - absent_at < ABSENT_RETRY_S:
+            return
+        thread = threading.Thread(target=self._poll_broker, args=(broker,), name=f"wm-plugin-{broker}", daemon=True)
+        self._brokers[broker] = thread
+        thread.start()
+
+    def _poll_broker(self, broker: str) -> None:
+        """One broker's long poll, on its own thread: answers go to the loop."""
+        epoch, seq = "", -1
+        retry_s, failing_since = 0.0, None
+        while not self._stopping.is_set():
+            try:
+                answer = self.admin.plugin_changes(broker, epoch, seq, 0 if seq < 0 else LONG_POLL_MS)
+            except PluginMissing as exc:
+                self.loop.post(functools.partial(self._plugin_missing, broker, str(exc)))
+                return
+            except AdminError as exc:
+                now = time.monotonic()
+                if failing_since is None:
+                    failing_since = now
+                    log.warning("the plugin of the broker at %s does not answer (%s); retrying", broker, exc)
+                elif now - failing_since > LOST_AFTER_S and epoch:
+                    self.loop.post(lambda: self._lost_broker(broker))
+                    epoch, seq = "", -1  # its topics are followed again from a full answer
+                retry_s = min(max(retry_s * 2, 0.1), RETRY_MAX_S)
+                self._stopping.wait(retry_s)
+                continue
+            if failing_since is not None:
+                log.info("the plugin of the broker at %s answers again", broker)
+            retry_s, failing_since = 0.0, None
+            self._count("plugin")
+            epoch, seq = str(answer["epoch"]), int(answer["seq"])
+            self.loop.post(lambda answer=answer: self._answered(broker, answer))  # type: ignore[misc]

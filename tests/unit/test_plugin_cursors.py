@@ -1,0 +1,130 @@
+"""The generator's side of the broker plugin: what each answer does to the partitions (no broker, no threads)."""
+
+from __future__ import annotations
+
+import queue
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from broker_ext.engine.vocabulary import CursorsPolled
+from broker_ext.loop import EventLoop
+from broker_ext.plugin_cursors import PluginCursors, cursors_from
+from broker_ext.polling import CursorPoller, PollState
+
+pytestmark = pytest.mark.unit
+
+T0 = "persistent://public/default/t"
+B1, B2 = "http://127.0.0.1:8080", "http://127.0.0.1:8081"
+
+
+def _report(acknowledged: int, owner: str | None = "c") -> dict[str, Any]:
+    return {
+        "owner": owner,
+        "lastConfirmed": [5, 30],
+        "ledgers": [[4, 10], [5, 0]],
+        "cursors": {"__wm_generator": [5, 2], "__compaction": [5, 1], "app": [5, acknowledged]},
+    }
+
+
+class _Partition(SimpleNamespace):
+    def cursors(self, polled: CursorsPolled) -> None:
+        self.told.append(polled)
+
+    def lost(self, owner: str) -> None:
+        self.lost_to.append(owner)
+
+
+def _partition(topic: str = T0) -> Any:
+    return _Partition(topic=topic, base_topic=topic, partition=-1, consumer_name="c", poll=PollState(), closed=False,
+                      owner=True, wants_cursors=True, told=[], lost_to=[])  # fmt: skip
+
+
+def _cursors() -> PluginCursors:
+    loop = EventLoop("test-loop")  # never started: what is posted is run by _run_posted
+    poller = CursorPoller(loop, cast(Any, None), cast(Any, None), poll_interval_s=0.05, idle_poll_interval_s=1.0,
+                          stats_rate=10.0)  # fmt: skip
+    lookups: list[Any] = []  # lookups of who serves a topic, submitted to the admin pool (not run here)
+    return PluginCursors(loop, cast(Any, SimpleNamespace(admin_bases=[B1])), poller,
+                         cast(Any, SimpleNamespace(submit=lookups.append)))  # fmt: skip
+
+
+def _run_posted(cursors: PluginCursors) -> None:
+    pending = cursors.loop._queue
+    while True:
+        try:
+            work = pending.get_nowait()
+        except queue.Empty:
+            return
+        if getattr(work, "__name__", "") != "_flush":  # the admin poller's reads would need an admin API
+            work()
+
+
+def test_a_report_reads_as_an_internal_stats_read_would() -> None:
+    polled, owner = cursors_from(_report(7))
+    assert polled == CursorsPolled(
+        subscriptions={"app": (5, 7)}, generator_cursor=(5, 2), last_confirmed=(5, 30), ledgers=((4, 10), (5, 0))
+    )
+    assert owner == "c"
+
+
+def test_a_move_goes_to_the_owner_and_the_sweep_leaves_the_partition_alone() -> None:
+    cursors, partition = _cursors(), _partition()
+    cursors.add(partition)
+    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: _report(3)}, "gone": []})
+    assert [p.subscriptions["app"] for p in partition.told] == [(5, 3)]
+    assert partition.poll.pushed
+    cursors.after(partition, marker_read=True)  # no fast poll: moves are pushed
+    assert cursors.loop.scheduled((T0, "poll")) is None
+    cursors.request(partition)  # answered from what the plugin said, without an admin call
+    _run_posted(cursors)
+    assert [p.subscriptions["app"] for p in partition.told] == [(5, 3), (5, 3)]
+    assert not cursors.poller._wanted
+
+
+def test_another_owner_reported_is_a_lost_partition() -> None:
+    cursors, partition = _cursors(), _partition()
+    cursors.add(partition)
+    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: _report(3, owner="d")}, "gone": []})
+    assert partition.lost_to == ["d"] and partition.told == []
+
+
+def test_a_topic_gone_from_its_broker_goes_back_to_admin_reads_until_another_broker_reports_it() -> None:
+    cursors, partition = _cursors(), _partition()
+    cursors.add(partition)
+    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: _report(3)}, "gone": []})
+    cursors._answered(B1, {"epoch": "e", "seq": 2, "full": False, "topics": {}, "gone": [T0]})
+    assert not partition.poll.pushed
+    assert T0 in cursors.poller._wanted  # read through the admin API meanwhile
+    cursors.after(partition, marker_read=True)
+    assert cursors.loop.scheduled((T0, "poll")) is not None  # fast polls again while a marker waits
+    cursors._answered(B2, {"epoch": "f", "seq": 9, "full": True, "topics": {T0: _report(4)}, "gone": []})
+    assert partition.poll.pushed and partition.told[-1].subscriptions["app"] == (5, 4)
+
+
+def test_a_late_gone_from_the_old_broker_does_not_drop_what_the_new_one_reports() -> None:
+    cursors, partition = _cursors(), _partition()
+    cursors.add(partition)
+    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: _report(3)}, "gone": []})
+    cursors._answered(B2, {"epoch": "f", "seq": 1, "full": True, "topics": {T0: _report(4)}, "gone": []})
+    cursors._answered(B1, {"epoch": "e", "seq": 2, "full": False, "topics": {}, "gone": [T0]})
+    assert partition.poll.pushed and cursors._pushed[T0].broker == B2
+
+
+def test_a_full_answer_drops_what_the_broker_no_longer_serves() -> None:
+    cursors, partition = _cursors(), _partition()
+    cursors.add(partition)
+    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: _report(3)}, "gone": []})
+    cursors._answered(B1, {"epoch": "restarted", "seq": 0, "full": True, "topics": {}, "gone": []})
+    assert not partition.poll.pushed and T0 not in cursors._pushed
+
+
+def test_a_broker_without_the_plugin_leaves_its_topics_to_admin_reads() -> None:
+    cursors, partition = _cursors(), _partition()
+    cursors.add(partition)
+    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: _report(3)}, "gone": []})
+    cursors._plugin_missing(B1, "404")
+    assert not partition.poll.pushed and B1 in cursors._absent
+    cursors._follow_broker(B1)  # not asked again soon
+    assert B1 not in cursors._brokers
