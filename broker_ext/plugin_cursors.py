@@ -63,6 +63,7 @@ def cursors_from(report: Mapping[str, Any]) -> tuple[CursorsPolled, str | None]:
             generator_cursor=(int(generator[0]), int(generator[1])),
             last_confirmed=(int(report["lastConfirmed"][0]), int(report["lastConfirmed"][1])),
             ledgers=tuple((int(lid), int(entries)) for lid, entries in report["ledgers"]),
+            created=int(report.get("created") or 0),
         ),
         report.get("owner"),
     )

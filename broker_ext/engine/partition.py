@@ -190,6 +190,8 @@ class PartitionEngine:
         self._told: int | None = None
         self._untold: list[tuple[Position, int | None]] = []
         """Head watermarks held back while a claim is open, told once it is answered."""
+        self.created = 0
+        """The topic's creation time as the broker plugin reported it (0: unknown): another one is a re-created topic."""
         self.incarnation: str | None = None
         """The token of the topic's incarnation our state belongs to, as the topic property names it (None: the
         property is not set, or not ours to set): on every table, head event and snapshot we write."""
@@ -301,6 +303,14 @@ class PartitionEngine:
 
     def _cursors(self, polled: CursorsPolled, now: float, out: list[Command]) -> None:
         phase = self.phase
+        if polled.created and self.created and polled.created != self.created and isinstance(phase, Following):
+            # another creation time: the topic was deleted and created again, whether or not a token says so
+            reason = f"it was created again at {polled.created} (ms), after {self.created}"
+            log.warning("%s: %s; following it anew", self.topic, reason)
+            self._lose(OwnershipLost(""))
+            out.append(Restart(reason))
+            return
+        self.created = polled.created or self.created
         if isinstance(phase, AwaitingCursor):
             phase.polled = polled
             self._take_over(phase, now, out)

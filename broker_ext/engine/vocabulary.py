@@ -52,6 +52,9 @@ class CursorsPolled:
     generator_cursor: AdminPosition
     last_confirmed: AdminPosition
     ledgers: tuple[tuple[int, int], ...] = ()
+    created: int = 0
+    """When the topic (this incarnation of it) was created, in ms, as the broker plugin reports it; 0: unknown
+    (the admin API does not say). A different one is a topic deleted and created again under its name."""
 
 
 @dataclass(frozen=True)

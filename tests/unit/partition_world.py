@@ -85,6 +85,8 @@ class World:
     incarnation: str | None = None
     """The topic property `wm.incarnation` (deleted with the topic, `recreate`)."""
     may_claim: bool = True
+    created: int = 0
+    """When the topic was created, as the broker plugin reports it (0: unknown, as through the admin API)."""
     """False: the broker refuses to set topic properties (the generator's role is no tenant admin)."""
     restarts: list[Restart] = field(default_factory=list)
     _queue: deque[tuple[PartitionEngine, Event]] = field(default_factory=deque)
@@ -127,7 +129,9 @@ class World:
 
     def recreate(self) -> None:
         """The topic is deleted and created again under its name: a new log in ledgers of higher ids, no cursors,
-        no property. The owner's consumer goes on delivering (the client reconnected), as it may on Pulsar."""
+        no property, a later creation time. The owner's consumer goes on delivering (the client reconnected), as it
+        may on Pulsar."""
+        self.created = self.created + 1_000 if self.created else 0
         first = self.ledger + 10
         self.ledgers = {first: []}
         self.subscriptions = {}
@@ -183,7 +187,9 @@ class World:
 
     def polled(self) -> CursorsPolled:
         ledgers = tuple((ledger, len(entries)) for ledger, entries in sorted(self.ledgers.items()))
-        return CursorsPolled(dict(self.subscriptions), self.generator_cursor, self.last_confirmed(), ledgers)
+        return CursorsPolled(
+            dict(self.subscriptions), self.generator_cursor, self.last_confirmed(), ledgers, created=self.created
+        )
 
     def send(self, engine: PartitionEngine, event: Event) -> None:
         """Hand `event` to `engine` and everything that follows from it, in order."""

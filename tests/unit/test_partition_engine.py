@@ -745,6 +745,29 @@ def test_a_recreated_topic_under_a_following_engine_is_followed_anew_with_none_o
     assert {e.event_time for _, e in world.tables if e.incarnation == fresh.incarnation} == {1_000}
 
 
+def test_a_recreated_topic_without_a_token_is_noticed_by_its_creation_time_and_followed_anew() -> None:
+    """Issue 33: with least privileges the generator may not set the property, so no token tells the topics apart;
+    the broker plugin's creation time does. Before, the new topic was folded into the old state (10 h)."""
+    world = World(may_claim=False, created=1_700_000_000_000)
+    world.w_set("old", 10 * 3_600_000)
+    ack_all(world, "s")
+    stale = first_owner(world)
+    assert stale.incarnation is None
+    world.recreate()
+    world.w_set("new", 1_000)
+    ack_all(world, "s")
+    world.poll()
+    world.settle()
+    assert world.restarts and isinstance(stale.phase, Unowned)
+    fresh = world.engine()
+    world.own(fresh)
+    world.commands.clear()
+    world.head_watermarks.clear()
+    ack_all(world, "s")
+    world.settle()
+    assert [h.watermark for h in world.head_watermarks] == [1_000]
+
+
 def test_without_the_right_to_set_the_property_events_go_out_without_a_token() -> None:
     world = World(may_claim=False)
     world.w_set("A", 100)

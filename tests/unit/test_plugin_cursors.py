@@ -22,6 +22,7 @@ B1, B2 = "http://127.0.0.1:8080", "http://127.0.0.1:8081"
 def _report(acknowledged: int, owner: str | None = "c") -> dict[str, Any]:
     return {
         "owner": owner,
+        "created": 1_700_000_000_000,
         "lastConfirmed": [5, 30],
         "ledgers": [[4, 10], [5, 0]],
         "cursors": {"__wm_generator": [5, 2], "__compaction": [5, 1], "app": [5, acknowledged]},
@@ -64,7 +65,11 @@ def _run_posted(cursors: PluginCursors) -> None:
 def test_a_report_reads_as_an_internal_stats_read_would() -> None:
     polled, owner = cursors_from(_report(7))
     assert polled == CursorsPolled(
-        subscriptions={"app": (5, 7)}, generator_cursor=(5, 2), last_confirmed=(5, 30), ledgers=((4, 10), (5, 0))
+        subscriptions={"app": (5, 7)},
+        generator_cursor=(5, 2),
+        last_confirmed=(5, 30),
+        ledgers=((4, 10), (5, 0)),
+        created=1_700_000_000_000,
     )
     assert owner == "c"
 

@@ -43,6 +43,7 @@ public final class ChangesJson {
         } else {
             string(out, cursors.owner());
         }
+        out.append(",\"created\":").append(cursors.created());
         out.append(",\"lastConfirmed\":");
         position(out, cursors.lastConfirmed());
         out.append(",\"ledgers\":[");

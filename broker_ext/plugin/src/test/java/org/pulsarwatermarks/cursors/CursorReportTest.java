@@ -18,7 +18,7 @@ class CursorReportTest {
         TreeMap<String, TopicCursors.Position> map = new TreeMap<>();
         map.put("__wm_generator", new TopicCursors.Position(5, 1));
         map.put("app", new TopicCursors.Position(5, acknowledged));
-        return new TopicCursors(map, "gen-1", new TopicCursors.Position(5, lastEntry), List.of(new TopicCursors.Ledger(5, 0)));
+        return new TopicCursors(map, "gen-1", new TopicCursors.Position(5, lastEntry), List.of(new TopicCursors.Ledger(5, 0)), 1_700_000_000_000L);
     }
 
     @Test
