@@ -191,7 +191,7 @@ class PartitionEngine:
         self._untold: list[tuple[Position, int | None]] = []
         """Head watermarks held back while a claim is open, told once it is answered."""
         self.created = 0
-        """The topic's creation time as the broker plugin reported it (0: unknown): another one is a re-created topic."""
+        """The topic's creation time as the broker plugin said it (0: unknown): another one is a re-created topic."""
         self.incarnation: str | None = None
         """The token of the topic's incarnation our state belongs to, as the topic property names it (None: the
         property is not set, or not ours to set): on every table, head event and snapshot we write."""
