@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devtools.local_cluster import PULSAR_VERSION, LocalCluster, free_listen_port, wait_for_admin
+from devtools.plugin import broker_settings as plugin_settings
+from devtools.plugin import ensure_plugin
 from pulsar_access.settings import PulsarSettings
 
 GENERATOR_LISTENER = "generator"
@@ -52,11 +54,17 @@ def _docker_pulsar() -> Iterator[PulsarSettings]:
     from testcontainers.core.container import DockerContainer
     from testcontainers.core.waiting_utils import wait_for_logs
 
+    plugin_dir = "/pulsar/watermark-plugin"
+    start = "bin/apply-config-from-env.py conf/standalone.conf && exec bin/pulsar standalone --no-functions-worker "
     container = (
         DockerContainer(f"apachepulsar/pulsar:{PULSAR_VERSION}")
-        .with_command("bin/pulsar standalone --no-functions-worker --no-stream-storage")
+        .with_command(["bash", "-c", start + "--no-stream-storage"])
+        .with_volume_mapping(str(ensure_plugin()), plugin_dir, "ro")  # the broker plugin, as docker-compose.yml
         .with_exposed_ports(6650, 8080)
     )
+    for key, value in {**plugin_settings(), "brokerInterceptorsDirectory": plugin_dir,
+                       "additionalServletDirectory": plugin_dir}.items():  # fmt: skip
+        container = container.with_env(f"PULSAR_PREFIX_{key}", value)
     with container:
         wait_for_logs(container, "messaging service is ready", timeout=180)
         host = container.get_container_host_ip()

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import msgpack
 import pulsar
@@ -30,7 +31,7 @@ from consumer import Watermark, WatermarkConsumer
 from consumer.watermark_feed import WatermarkFeed
 from devtools.local_cluster import LocalCluster, free_port
 from producer import WatermarkProducer
-from pulsar_access.admin import AdminError, PulsarAdmin
+from pulsar_access.admin import AdminError, PluginMissing, PulsarAdmin
 from pulsar_access.auth_tokens import (
     ADMIN_ROLE,
     CLIENT_ROLE,
@@ -527,3 +528,35 @@ def test_a_marker_naming_another_producer_in_its_payload_changes_nothing_for_it(
     mallory.close()
     alice.close()
     consumer.close()
+
+
+def test_the_broker_plugin_lets_in_the_generators_role_and_super_users_and_refuses_everyone_else(
+    auth_cluster: AuthCluster, watermarked_topic: tuple[str, Recorder]
+) -> None:
+    """What the plugin serves (every followed subscription's position) is the generator's: the broker authenticates
+    its requests, the plugin authorizes them (produce on the watermark namespace, or a super-user)."""
+    topic, _ = watermarked_topic
+    key = auth_cluster.cluster.tokens.secret_key_file.read_bytes()
+    answers: dict[str, dict[str, object]] = {}
+    for role in (GENERATOR_ROLE, ADMIN_ROLE):
+        admin = PulsarAdmin(auth_cluster.settings(role))
+        try:
+            answers[role] = admin.plugin_changes(auth_cluster.cluster.admin_url, "", -1, 0)
+        finally:
+            admin.close()
+    assert topic in cast(dict[str, object], answers[GENERATOR_ROLE]["topics"])
+    assert answers[ADMIN_ROLE]["topics"] == answers[GENERATOR_ROLE]["topics"]
+    refused: dict[str | None, int | None] = {}
+    for role, settings in ((None, auth_cluster.settings(None)), (CLIENT_ROLE, auth_cluster.settings(CLIENT_ROLE)),
+                           ("nobody", PulsarSettings(auth_cluster.cluster.service_url, auth_cluster.cluster.admin_url,
+                                                     create_token(key, "nobody")))):  # fmt: skip
+        admin = PulsarAdmin(settings)
+        try:
+            with pytest.raises(PluginMissing) as denied:
+                admin.plugin_changes(auth_cluster.cluster.admin_url, "", -1, 0)
+            refused[role] = denied.value.status
+        finally:
+            admin.close()
+    assert refused == {None: 401, CLIENT_ROLE: 403, "nobody": 403}
+    # and the generator with least permissions took its positions from the plugin
+    assert "cursor positions come from the broker plugin" in auth_cluster.generator.log_text()

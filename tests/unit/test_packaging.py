@@ -42,3 +42,22 @@ def test_every_package_is_typed() -> None:
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     for package in packages:
         assert (ROOT / package / "py.typed").is_file(), package
+
+
+def test_every_compose_broker_loads_the_plugin_built_from_source() -> None:
+    from devtools.plugin import PLUGIN_NAME
+
+    for name in ("docker-compose.yml", "docker-compose.cluster.yml"):
+        services = yaml.safe_load((ROOT / name).read_text())["services"]
+        builder = services["plugin"]
+        assert "./broker_ext/plugin:/src:ro" in builder["volumes"] and "mvn" in builder["command"], name
+        brokers = {k: v for k, v in services.items() if k == "pulsar" or k.startswith("broker-")}
+        assert brokers, name
+        for broker, service in brokers.items():
+            env = service["environment"]
+            folder = env["PULSAR_PREFIX_brokerInterceptorsDirectory"]
+            assert env["PULSAR_PREFIX_brokerInterceptors"] == env["PULSAR_PREFIX_additionalServlets"] == PLUGIN_NAME
+            assert env["PULSAR_PREFIX_additionalServletDirectory"] == folder, (name, broker)
+            assert f"plugin-nar:{folder}:ro" in service["volumes"], (name, broker)
+            assert service["depends_on"]["plugin"]["condition"] == "service_completed_successfully"
+            assert "apply-config-from-env.py" in service["command"], (name, broker)

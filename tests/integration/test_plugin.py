@@ -1,0 +1,144 @@
+"""The broker plugin (broker_ext/plugin/) on the real broker: what it reports, and the generator with and without it."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pulsar
+import pytest
+
+from bench.common import metric_samples
+from consumer import WatermarkConsumer
+from devtools.local_cluster import free_port
+from producer import WatermarkProducer
+from pulsar_access.admin import PulsarAdmin
+from pulsar_access.settings import PulsarSettings
+from tests.integration.generator_process import GeneratorProcess
+from tests.integration.helpers import Recorder, wait_until, watermarks
+from watermark_core.protocol import GENERATOR_SUBSCRIPTION
+
+
+class Changes:
+    """A generator's view of one broker's plugin: the long poll, and each topic as it was told last."""
+
+    def __init__(self, admin: PulsarAdmin) -> None:
+        self.admin, self.epoch, self.seq = admin, "", -1
+        self.topics: dict[str, Any] = {}
+
+    def poll(self, timeout_ms: int = 5_000) -> dict[str, Any]:
+        answer = self.admin.plugin_changes(self.admin.base_url, self.epoch, self.seq, timeout_ms)
+        self.epoch, self.seq = answer["epoch"], answer["seq"]
+        if answer["full"]:
+            self.topics.clear()
+        self.topics.update(answer["topics"])
+        for gone in answer["gone"]:
+            self.topics.pop(gone, None)
+        return answer
+
+    def until(self, check: Any, what: str) -> None:
+        deadline = time.monotonic() + 15
+        while not check():
+            assert time.monotonic() < deadline, f"the plugin never told {what}; last: {self.topics}"
+            self.poll()
+
+
+def test_the_plugin_tells_acknowledgements_seeks_resets_and_removals_as_internal_stats_state_them(
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
+) -> None:
+    changes = Changes(admin)
+    changes.poll(0)
+    generator = pulsar_client.subscribe(topic, GENERATOR_SUBSCRIPTION, consumer_type=pulsar.ConsumerType.Failover,
+                                        consumer_name="the-owner")  # fmt: skip
+    app = pulsar_client.subscribe(topic, "app")
+    producer = pulsar_client.create_producer(topic)
+    ids = [producer.send(f"m{i}".encode()) for i in range(5)]
+    changes.until(lambda: topic in changes.topics, "the followed topic")
+    assert changes.topics[topic]["owner"] == "the-owner"
+    assert changes.topics[topic]["created"] > 0
+
+    def position(subscription: str) -> list[int]:
+        return list(changes.topics[topic]["cursors"][subscription])
+
+    for message in [app.receive(5_000) for _ in range(3)]:
+        app.acknowledge(message)
+    expected = [ids[2].ledger_id(), ids[2].entry_id()]
+    changes.until(lambda: position("app") == expected, "the acknowledgement")
+    assert list(admin.mark_delete_position(topic, "app")) == expected  # the same as the admin API says
+    assert changes.topics[topic]["lastConfirmed"][1] >= ids[4].entry_id()
+
+    app.seek(pulsar.MessageId.earliest)  # passes no acknowledgement hook
+    changes.until(lambda: position("app")[1] < ids[0].entry_id(), "the seek back")
+    admin.reset_cursor(topic, "app", (ids[3].ledger_id(), ids[3].entry_id()))  # an admin call
+    changes.until(lambda: position("app") == [ids[2].ledger_id(), ids[2].entry_id()], "the reset")
+
+    app.unsubscribe()
+    changes.until(lambda: "app" not in changes.topics[topic]["cursors"], "the removed subscription")
+    generator.close()
+    producer.close()
+    admin.delete_topic(topic)
+    changes.until(lambda: topic not in changes.topics, "the deleted topic")
+
+
+def test_a_topic_no_generator_follows_costs_nothing_and_is_not_told(
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
+) -> None:
+    changes = Changes(admin)
+    changes.poll(0)
+    app = pulsar_client.subscribe(topic, "app")
+    producer = pulsar_client.create_producer(topic)
+    producer.send(b"x")
+    app.acknowledge(app.receive(5_000))
+    marker = f"{topic}-followed"
+    pulsar_client.subscribe(marker, GENERATOR_SUBSCRIPTION, consumer_type=pulsar.ConsumerType.Failover).close()
+    changes.until(lambda: marker in changes.topics, "a followed topic created after")
+    assert topic not in changes.topics
+
+
+@pytest.mark.parametrize("source", ["auto", "admin"])
+def test_the_generator_follows_acknowledgements_with_the_plugin_and_through_the_admin_api(
+    source: str, pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, namespace: str, tmp_path: Path
+) -> None:
+    """The same watermarks whichever path the positions take; with the plugin, no admin call per topic while
+    acknowledgements move the watermark (steady state), and the log says which path the generator took."""
+    metrics_port = free_port()
+    generator = GeneratorProcess(pulsar_settings, tmp_path / "generator.log", f"plugin-{source}",
+                                 WM_NAMESPACES=namespace, WM_CURSOR_SOURCE=source,
+                                 WM_METRICS_PORT=str(metrics_port)).start()  # fmt: skip
+    topics = [f"persistent://{namespace}/t-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    try:
+        recorders = [Recorder() for _ in topics]
+        consumers = [
+            WatermarkConsumer(pulsar_client, t, "app", listener=r) for t, r in zip(topics, recorders, strict=True)
+        ]
+        producers = [WatermarkProducer(pulsar_client, t, producer_name="P") for t in topics]
+        for p in producers:
+            p.new_watermark().event_time(1_000).send()
+        for r in recorders:
+            wait_until(lambda r=r: 1_000 in watermarks(r), what="the first watermark", timeout_s=30)
+
+        def per_topic_calls() -> float:
+            return sum(sum(metric_samples(metrics_port, "wm_admin_calls_total", call=call))
+                       for call in ("internalStats", "stats", "partitioned-internalStats"))  # fmt: skip
+
+        before = per_topic_calls()
+        for step in range(1, 4):
+            for p in producers:
+                p.new_watermark().event_time(1_000 + step * 100).send()
+            for r in recorders:
+                wait_until(lambda r=r, step=step: 1_000 + step * 100 in watermarks(r), what=f"watermark step {step}")
+        calls = per_topic_calls() - before
+        log = generator.log_text()
+        if source == "auto":
+            assert calls == 0, f"{calls} admin calls per topic with the plugin"
+            assert "cursor positions come from the broker plugin" in log
+        else:
+            assert calls > 0
+            assert "through the admin API" in log
+        assert all(watermarks(r) == [1_000, 1_100, 1_200, 1_300] for r in recorders)
+        for c in consumers:
+            c.close()
+    finally:
+        generator.stop()
