@@ -12,7 +12,17 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import burst, client_throughput, generator, generator_bounds, generator_scale, multi_broker, seek, spark
+from bench import (
+    burst,
+    client_throughput,
+    generator,
+    generator_bounds,
+    generator_scale,
+    multi_broker,
+    plugin_scale,
+    seek,
+    spark,
+)
 from bench.common import bench_cluster, say, write_results
 from devtools.local_cluster import PULSAR_VERSION
 from pulsar_access.settings import PulsarSettings
@@ -29,6 +39,11 @@ def _snapshot(_settings: PulsarSettings) -> Figures:
     return generator_bounds.snapshot_figures()
 
 
+def _plugin(settings: PulsarSettings) -> Figures:
+    with tempfile.TemporaryDirectory(prefix="wm-bench-plugin-") as logs:
+        return plugin_scale.run(settings, Path(os.environ.get("WM_BENCH_LOGS") or logs))
+
+
 def _burst(settings: PulsarSettings) -> Figures:
     with tempfile.TemporaryDirectory(prefix="wm-bench-burst-") as logs:
         return burst.run(settings, Path(os.environ.get("WM_BENCH_LOGS") or logs))
@@ -42,7 +57,11 @@ GROUPS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {
     "seek": ("seeks with consumers attached (issue 16)", seek.run),
     "multi": ("a three-broker cluster (issue 24)", multi_broker.run),
     "sink": ("the Spark sink, exactly once (issue 28)", spark.run_sink),
-    "burst": ("many topics: markers due together, late acknowledgements (issue 27)", _burst),
+    "burst": (
+        "many topics: markers due together, late acknowledgements, with the plugin and without (issues 27, 33)",
+        _burst,
+    ),
+    "plugin": ("5000 topics and a new topic's first watermark, with the broker plugin (issue 33)", _plugin),
     "bounds": ("an abandoned subscription's memory (issue 26)", generator_bounds.abandoned_subscription_figures),
     "snapshot": ("snapshot size with producers coming and going (issue 26)", _snapshot),
 }

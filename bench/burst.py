@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import pulsar
 
 from bench.common import metric_samples, say
-from bench.generator import Generator, _new_namespace
+from bench.generator import FAST_ENV, Generator, _new_namespace
 from bench.generator_scale import _Latencies
 from consumer.watermark_feed import WatermarkFeed
 from producer import WatermarkProducer
@@ -152,8 +152,23 @@ def _quantiles(record: _Latencies, after_ms: int, until: float, sampled: range,
     return q[49], q[98], len(latencies)
 
 
+def generator_env(cursor_source: str) -> dict[str, str]:
+    """The bench generator's settings for one path of cursor positions: "auto" (the plugin) or "admin"."""
+    return {**FAST_ENV, "WM_CURSOR_SOURCE": cursor_source}
+
+
+def suffixed(figures: dict[str, float | int | str], cursor_source: str) -> dict[str, float | int | str]:
+    """The admin API path's figures under keys ending `_no_plugin` (before `_how`), beside the plugin's."""
+    path = "cursor positions from the broker plugin" if cursor_source == "auto" else "through the admin API"
+    figures = {key: f"{value}; {path}" if key.endswith("_how") else value for key, value in figures.items()}
+    if cursor_source == "auto":
+        return figures
+    return {(f"{key[:-4]}_no_plugin_how" if key.endswith("_how") else f"{key}_no_plugin"): value
+            for key, value in figures.items()}  # fmt: skip
+
+
 def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, log_dir: Path,
-          topics: int = BURST_TOPICS) -> dict[str, float | int | str]:  # fmt: skip
+          topics: int = BURST_TOPICS, cursor_source: str = "auto") -> dict[str, float | int | str]:  # fmt: skip
     """Broker CPU without and with a generator, generator CPU and latency, W_SETs sent together each second."""
     broker = broker_pid(settings)
     namespace = _new_namespace(admin)
@@ -183,7 +198,7 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
         without = (process_cpu_seconds(broker) - cpu) / BURST_MEASURE_S
         wsets_without = sent[0] - wsets
         say(f"  without a generator: broker {without:.3f} of a core over {wsets_without} W_SETs")
-        gen = Generator(settings, namespace, log_dir)
+        gen = Generator(settings, namespace, log_dir, generator_env(cursor_source))
         gen.wait_published(topics, within_s=300)
         time.sleep(BURST_WARMUP_S)
         cpu, gen_cpu, wsets, calls_before = process_cpu_seconds(broker), gen.cpu_seconds(), sent[0], _calls(gen)
@@ -212,7 +227,7 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
         record.acked = {key: at for key, at in record.acked.items()
                         if measured_from <= at <= measured_from + BURST_MEASURE_S}  # fmt: skip
     p50, p99, samples = _quantiles(record, 0, measured_from + BURST_MEASURE_S + 2, range(topics))
-    return {
+    figures: dict[str, float | int | str] = {
         "generator_cpu_ms_per_wset_burst": round(gen_share * 1000 / rate, 3),
         "broker_extra_cpu_ms_per_wset_burst": round((with_gen - without) * 1000 / rate, 3),
         "watermark_latency_burst_p50_ms": round(p50, 1),
@@ -236,6 +251,7 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
         "watermark_latency_burst_p50_ms_how": f"the same run: from each consumer's acknowledge() of a W_SET to that "
         f"value at its WatermarkFeed, W_SETs acknowledged while measuring; {samples} samples",
     }
+    return suffixed(figures, cursor_source)
 
 
 def _broker_ms_per_call(admin: PulsarAdmin, broker: int, topics: list[str], kind: str, calls: int = 600) -> float:
@@ -302,7 +318,7 @@ class _LateAcks:
 
 
 def slow_ack(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, log_dir: Path,
-             topics: int = SLOW_TOPICS) -> dict[str, float | int | str]:  # fmt: skip
+             topics: int = SLOW_TOPICS, cursor_source: str = "auto") -> dict[str, float | int | str]:  # fmt: skip
     """From a late acknowledgement to the watermark, one W_SET per topic per 10 s, many topics, one generator."""
     broker = broker_pid(settings)
     namespace = _new_namespace(admin)
@@ -311,7 +327,7 @@ def slow_ack(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin
     slow = _Topics(client, admin, namespace, topics, "slow", late.listener, record, feeds=SLOW_FEEDS)
     for producer in slow.producers:
         producer.new_watermark().event_time(1_000).send_async()
-    gen = Generator(settings, namespace, log_dir)
+    gen = Generator(settings, namespace, log_dir, generator_env(cursor_source))
     stop = threading.Event()
     try:
         takeover = gen.wait_published(topics, within_s=600)
@@ -354,7 +370,7 @@ def slow_ack(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin
         late.close()
         slow.close()
     p50, p99, samples = _quantiles(record, 1_000, ended, range(SLOW_FEEDS), settle_s=5.0)
-    return {
+    figures: dict[str, float | int | str] = {
         "watermark_latency_slow_ack_1000_topics_p50_ms": round(p50, 1),
         "watermark_latency_slow_ack_1000_topics_p99_ms": round(p99, 1),
         "generator_admin_calls_slow_ack": str(calls),
@@ -367,6 +383,7 @@ def slow_ack(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin
         f"acknowledging it {SLOW_ACK_DELAY_S:.0f} s after receiving it; from that acknowledge() to the value at "
         f"its WatermarkFeed over {SLOW_MEASURE_S:.0f} s, sampled on {SLOW_FEEDS} of the topics; {samples} samples",
     }
+    return suffixed(figures, cursor_source)
 
 
 def run(settings: PulsarSettings, log_dir: Path) -> dict[str, float | int | str]:
@@ -375,12 +392,14 @@ def run(settings: PulsarSettings, log_dir: Path) -> dict[str, float | int | str]
     figures: dict[str, float | int | str] = {}
     try:
         which = os.environ.get("WM_BENCH_BURST", "burst,slow").split(",")
-        if "burst" in which:
-            say(f"burst: {BURST_TOPICS} non-partitioned topics, W_SETs sent together each second")
-            figures.update(burst(settings, client, admin, log_dir))
-        if "slow" in which:
-            say(f"slow acknowledgements: {SLOW_TOPICS} non-partitioned topics")
-            figures.update(slow_ack(settings, client, admin, log_dir))
+        for source in os.environ.get("WM_BENCH_CURSOR_SOURCES", "auto,admin").split(","):
+            path = "the broker plugin" if source == "auto" else "the admin API"
+            if "burst" in which:
+                say(f"burst: {BURST_TOPICS} non-partitioned topics, W_SETs sent together each second; {path}")
+                figures.update(burst(settings, client, admin, log_dir, cursor_source=source))
+            if "slow" in which:
+                say(f"slow acknowledgements: {SLOW_TOPICS} non-partitioned topics; {path}")
+                figures.update(slow_ack(settings, client, admin, log_dir, cursor_source=source))
     finally:
         client.close()
         admin.close()
