@@ -74,8 +74,11 @@ class PluginCursors:
 
     def __init__(
         self, loop: EventLoop, admin: PulsarAdmin, poller: CursorPoller, pool: Executor,
-        count: Callable[[str], None] = lambda call: None,
+        count: Callable[[str], None] = lambda call: None, fresh: Callable[[list[str]], None] = lambda topics: None,
     ) -> None:  # fmt: skip
+        self.fresh = fresh
+        """Called with topics where a producer or consumer appeared and no generator follows yet (the service
+        looks at its topic list at once, instead of at its next discovery)."""
         self.loop = loop
         self.admin = admin
         self.poller = poller
@@ -146,6 +149,9 @@ class PluginCursors:
         if answer.get("full"):
             self._forget(broker, [t for t, p in self._pushed.items() if p.broker == broker and t not in reported])
         self._forget(broker, answer.get("gone") or [])
+        fresh = [topic for topic in answer.get("new") or [] if topic not in self._followed]
+        if fresh:
+            self.fresh(fresh)
         for topic, report in reported.items():
             polled, owner = cursors_from(report)
             pushed = Pushed(broker, polled, owner)

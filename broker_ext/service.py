@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 FAILURE_REPEAT_S = 60.0
 """While the broker stays away, repeat its warning this often (not at every retry)."""
+MIN_DISCOVERY_GAP_S = 0.2
+"""Looks at the topic list that new topics ask for are at least this far apart."""
 IO_THREADS = 4
 ADMIN_THREADS = 3
 
@@ -82,7 +84,8 @@ class GeneratorService:
         self.cursors: CursorSource = self.poller
         if config.cursor_source == "auto":
             self.cursors = PluginCursors(self.loop, self.admin, self.poller, self.admin_pool,
-                                         count=lambda call: self.metrics.admin_calls.labels(call).inc())  # fmt: skip
+                                         count=lambda call: self.metrics.admin_calls.labels(call).inc(),
+                                         fresh=self._fresh_topics)  # fmt: skip
         else:
             log.info("reading cursor positions through the admin API (--cursor-source admin): one internal-stats "
                      "call per topic and acknowledgement (docs/OPERATIONS.md)")  # fmt: skip
@@ -92,6 +95,8 @@ class GeneratorService:
         self.partitions: dict[str, PartitionIO] = {}
         """Every partition followed, by topic name; touched only on the loop's thread."""
         self._stop = threading.Event()
+        self._discover_now = threading.Event()
+        """Set to look at the topic list before the next discovery interval (a new topic, stopping)."""
         self._metrics_started = False
         self._missing_topics: set[str] = set()
         self._failing_since: float | None = None
@@ -181,8 +186,18 @@ class GeneratorService:
                 self._discovery_failed(exc)
             else:
                 self._discovery_succeeded()
-            self._stop.wait(self.config.discovery_interval_s)
+            if self._discover_now.wait(self.config.discovery_interval_s):
+                self._stop.wait(MIN_DISCOVERY_GAP_S)  # new topics come in bursts: one look serves them all
+            self._discover_now.clear()
         self.close()
+
+    def _fresh_topics(self, topics: list[str]) -> None:
+        """A broker's plugin saw a producer or consumer on topics no generator follows: discover now if one may be
+        ours (a namespace or topic we follow), so its first watermark does not wait for the next interval."""
+        ours = set(self.config.namespaces)
+        named = {full_name(t) for t in self.config.topics}
+        if any(TopicName.parse(t).tenant_namespace in ours or t.split("-partition-")[0] in named for t in topics):
+            self._discover_now.set()
 
     def _discovery_failed(self, exc: AdminError) -> None:
         now = time.monotonic()
@@ -204,6 +219,7 @@ class GeneratorService:
 
     def stop(self) -> None:
         self._stop.set()
+        self._discover_now.set()
 
     def close(self) -> None:
         closed = threading.Event()

@@ -133,3 +133,13 @@ def test_a_broker_without_the_plugin_leaves_its_topics_to_admin_reads() -> None:
     assert not partition.poll.pushed and B1 in cursors._absent
     cursors._follow_broker(B1)  # not asked again soon
     assert B1 not in cursors._brokers
+
+
+def test_topics_announced_that_no_partition_follows_yet_are_handed_to_discovery() -> None:
+    cursors, partition = _cursors(), _partition()
+    told: list[list[str]] = []
+    cursors.fresh = told.append
+    cursors.add(partition)
+    other = "persistent://public/default/fresh"
+    cursors._answered(B1, {"epoch": "e", "seq": 3, "full": False, "topics": {}, "gone": [], "new": [T0, other]})
+    assert told == [[other]]  # T0 is followed already

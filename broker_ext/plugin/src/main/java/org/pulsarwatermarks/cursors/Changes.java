@@ -8,11 +8,14 @@ import java.util.Map;
  *
  * <p>{@code full} means the answer lists every followed topic this broker serves, and a topic not
  * in it is not served here: the generator's sequence number came from another run of the broker
- * (the epoch changed) or from before what this broker still remembers of removed topics.
+ * (the epoch changed) or from before what this broker still remembers of removed topics. {@code fresh}
+ * names topics that no generator follows yet where a producer or consumer just appeared: a generator
+ * that follows their namespace can start at once instead of at its next look at the topic list.
  */
-public record Changes(String epoch, long seq, boolean full, Map<String, TopicCursors> topics, List<String> gone) {
+public record Changes(
+        String epoch, long seq, boolean full, Map<String, TopicCursors> topics, List<String> gone, List<String> fresh) {
 
     public boolean isEmpty() {
-        return !full && topics.isEmpty() && gone.isEmpty();
+        return !full && topics.isEmpty() && gone.isEmpty() && fresh.isEmpty();
     }
 }

@@ -33,6 +33,13 @@ public final class ChangesJson {
             }
             string(out, changes.gone().get(i));
         }
+        out.append("],\"new\":[");
+        for (int i = 0; i < changes.fresh().size(); i++) {
+            if (i > 0) {
+                out.append(',');
+            }
+            string(out, changes.fresh().get(i));
+        }
         return out.append("]}").toString();
     }
 

@@ -6,6 +6,7 @@ import javax.servlet.ServletResponse;
 import javax.servlet.http.HttpServletRequest;
 import org.apache.pulsar.broker.PulsarService;
 import org.apache.pulsar.broker.intercept.BrokerInterceptor;
+import org.apache.pulsar.broker.service.Producer;
 import org.apache.pulsar.broker.service.ServerCnx;
 import org.apache.pulsar.broker.service.Subscription;
 import org.apache.pulsar.common.api.proto.BaseCommand;
@@ -37,7 +38,16 @@ public final class CursorInterceptor implements BrokerInterceptor, Consumer<Cons
     @Override
     public void consumerCreated(ServerCnx cnx, org.apache.pulsar.broker.service.Consumer consumer,
             java.util.Map<String, String> metadata) {
-        touched(consumer);
+        if (!touched(consumer) && consumer.getSubscription() != null) {
+            listener.accept(CursorTracker.FRESH + consumer.getSubscription().getTopicName());
+        }
+    }
+
+    @Override
+    public void producerCreated(ServerCnx cnx, Producer producer, java.util.Map<String, String> metadata) {
+        if (producer.getTopic().getSubscription(BrokerCursors.GENERATOR_SUBSCRIPTION) == null) {
+            listener.accept(CursorTracker.FRESH + producer.getTopic().getName()); // a topic a generator may follow
+        }
     }
 
     @Override
@@ -46,11 +56,14 @@ public final class CursorInterceptor implements BrokerInterceptor, Consumer<Cons
         touched(consumer);
     }
 
-    private void touched(org.apache.pulsar.broker.service.Consumer consumer) {
+    /** Names the consumer's topic if a generator follows it; whether it does. */
+    private boolean touched(org.apache.pulsar.broker.service.Consumer consumer) {
         Subscription subscription = consumer.getSubscription();
         if (subscription != null && subscription.getTopic().getSubscription(BrokerCursors.GENERATOR_SUBSCRIPTION) != null) {
             listener.accept(subscription.getTopicName());
+            return true;
         }
+        return false;
     }
 
     @Override

@@ -28,6 +28,13 @@ public final class CursorReport {
     private final String epoch;
     private final int maxRemoved;
     private final Map<String, Entry> topics = new HashMap<>();
+    private final Map<String, Long> fresh = new java.util.LinkedHashMap<>(16, 0.75f, false) {
+        @Override
+        protected boolean removeEldestEntry(Map.Entry<String, Long> eldest) {
+            return size() > MAX_FRESH; // a generator that misses one finds it at its next look at the topic list
+        }
+    };
+    private static final int MAX_FRESH = 1_000;
     private long seq;
     private long forgottenUpTo;
     private int removed;
@@ -109,6 +116,22 @@ public final class CursorReport {
         forgottenUpTo = Math.max(forgottenUpTo, version);
     }
 
+    /** A producer or consumer appeared on {@code topic}, which no generator follows yet. */
+    public void announce(String topic) {
+        Runnable listener;
+        synchronized (this) {
+            Entry entry = topics.get(topic);
+            if (entry != null && entry.cursors != null) {
+                return; // followed already
+            }
+            fresh.remove(topic);
+            fresh.put(topic, ++seq);
+            listener = onChange;
+            notifyAll();
+        }
+        listener.run();
+    }
+
     /** The topics that have cursors reported now. */
     public synchronized Set<String> present() {
         Set<String> present = new java.util.HashSet<>();
@@ -133,7 +156,15 @@ public final class CursorReport {
             }
         });
         gone.sort(null);
-        return new Changes(epoch, seq, full, changed, gone);
+        List<String> announced = new ArrayList<>();
+        if (!full) {
+            fresh.forEach((topic, version) -> {
+                if (version > since && !changed.containsKey(topic)) {
+                    announced.add(topic);
+                }
+            });
+        }
+        return new Changes(epoch, seq, full, changed, gone, announced);
     }
 
     /** Like {@link #since}, but waits up to {@code timeoutMs} for a change (a long poll on a thread of its own). */

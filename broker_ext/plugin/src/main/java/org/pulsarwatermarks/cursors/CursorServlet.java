@@ -59,13 +59,23 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
     public void setPulsarService(PulsarService pulsar) {
         this.pulsar = pulsar;
         report.onChange(this::wakeWaiters);
-        tracker = new CursorTracker(pulsar.getBrokerService(), report, sweepIntervalMs);
+        tracker = new CursorTracker(pulsar.getBrokerService(), report, sweepIntervalMs, this::announceable);
         if (!connectInterceptor(pulsar.getBrokerInterceptor(), tracker::touched)) {
             log.warn("watermark-cursors: the interceptor of this NAR is not loaded (add watermark-cursors to "
                     + "brokerInterceptors): cursor moves are seen by the sweep only, every {} ms", sweepIntervalMs);
         }
         log.info("watermark-cursors: serving cursor moves at {}/changes (run {}, sweep every {} ms)",
                 BASE_PATH, report.epoch(), sweepIntervalMs);
+    }
+
+    /** A data topic a generator may follow: persistent, not a system topic, not in the watermark namespace. */
+    private boolean announceable(String topic) {
+        if (!topic.startsWith("persistent://")) {
+            return false;
+        }
+        TopicName name = TopicName.get(topic);
+        return !name.getLocalName().startsWith("__") && !name.getNamespace().equals(watermarkNamespace)
+                && !name.getNamespace().startsWith("pulsar/");
     }
 
     @SuppressWarnings("unchecked")

@@ -26,6 +26,8 @@ import org.slf4j.LoggerFactory;
  */
 final class CursorTracker implements AutoCloseable {
     static final String EVERYTHING = "*";
+    /** Before a topic's name: a producer or consumer appeared there and no generator follows it. */
+    static final String FRESH = "+";
     private static final Logger log = LoggerFactory.getLogger(CursorTracker.class);
     private static final long COALESCE_MS = 2;
     private static final long[] SWEEPS_AFTER_ADMIN_MS = {100, 600};
@@ -36,9 +38,13 @@ final class CursorTracker implements AutoCloseable {
     private final Set<String> touched = ConcurrentHashMap.newKeySet();
     private final AtomicBoolean readScheduled = new AtomicBoolean();
 
-    CursorTracker(BrokerService broker, CursorReport report, long sweepIntervalMs) {
+    private final java.util.function.Predicate<String> announceable;
+
+    CursorTracker(BrokerService broker, CursorReport report, long sweepIntervalMs,
+            java.util.function.Predicate<String> announceable) {
         this.broker = broker;
         this.report = report;
+        this.announceable = announceable;
         this.thread = Executors.newSingleThreadScheduledExecutor(runnable -> {
             Thread t = new Thread(runnable, "watermark-cursors");
             t.setDaemon(true);
@@ -49,6 +55,13 @@ final class CursorTracker implements AutoCloseable {
 
     /** From the broker's threads: {@code topic} may have moved, or {@link #EVERYTHING}. Cheap. */
     void touched(String topic) {
+        if (topic.startsWith(FRESH)) {
+            String name = topic.substring(FRESH.length());
+            if (announceable.test(name)) {
+                report.announce(name);
+            }
+            return;
+        }
         if (EVERYTHING.equals(topic)) {
             for (long delay : SWEEPS_AFTER_ADMIN_MS) {
                 thread.schedule(this::sweep, delay, TimeUnit.MILLISECONDS);

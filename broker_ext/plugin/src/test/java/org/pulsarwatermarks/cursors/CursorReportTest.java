@@ -91,6 +91,21 @@ class CursorReportTest {
     }
 
     @Test
+    void aTopicWhereAProducerAppearedIsAnnouncedUntilItIsFollowed() {
+        CursorReport report = new CursorReport("run", 10);
+        long known = report.since("run", -1).seq();
+        report.announce("fresh");
+        Changes changes = report.since("run", known);
+        assertFalse(changes.isEmpty());
+        assertEquals(List.of("fresh"), changes.fresh());
+        report.update("fresh", cursors(1));
+        assertEquals(List.of(), report.since("run", known).fresh()); // followed now: told as a topic
+        long later = report.since("run", known).seq();
+        report.announce("fresh"); // a second producer on a followed topic is no news
+        assertTrue(report.since("run", later).isEmpty());
+    }
+
+    @Test
     void aSequenceFromTheFutureIsAnotherRun() {
         CursorReport report = new CursorReport("run", 10);
         report.update("a", cursors(1));
