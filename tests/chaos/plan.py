@@ -18,7 +18,9 @@ class FaultKind(StrEnum):
     SEEK_ATTACHED_BY_ID = "seek by the consumer while attached, by message id"
     SEEK_ATTACHED_BY_TIME = "seek by the consumer while attached, by publish time"
     RESET_CURSOR_ATTACHED = "admin reset-cursor while consumers are attached"
-    RESTART_BROKER = "restart broker"
+    RESTART_BROKER = "restart broker while a marker waits"
+    """A consumer is crashed first, so markers wait for its acknowledgement across the restart (the broker
+    plugin's run starts over: its sequence, its topics), and comes back after."""
     KILL_BROKER = "kill -9 broker"
     CUT_GENERATOR = "cut generator off"
     # on a cluster of several brokers (`--cluster multi`) only
@@ -27,6 +29,9 @@ class FaultKind(StrEnum):
     SPLIT_BUNDLE = "split the topic's bundle"
     KILL_OWNER_BROKER = "kill -9 the broker that owns the topic"
     KILL_GENERATOR_DURING_MOVE = "kill -9 generator while its topic moves"
+    MOVE_WHILE_MARKER_WAITS = "move the topic while a marker waits"
+    """A consumer is crashed first, so markers wait for its acknowledgement; the topic moves to another broker
+    (whose plugin must report it) before it comes back and acknowledges there."""
 
 
 SUBSCRIPTION_FAULTS = frozenset(
@@ -202,7 +207,7 @@ def with_cluster_faults(seed: int, faults: tuple[Fault, ...]) -> tuple[Fault, ..
     """
     rng = random.Random(seed * 1_000_003 + 29)
     moves = [FaultKind.UNLOAD_TOPIC, FaultKind.MOVE_BUNDLE, FaultKind.MOVE_BUNDLE, FaultKind.SPLIT_BUNDLE]
-    moves.append(FaultKind.KILL_GENERATOR_DURING_MOVE)
+    moves += [FaultKind.KILL_GENERATOR_DURING_MOVE, FaultKind.MOVE_WHILE_MARKER_WAITS]
     faults_list = list(faults)
     replaceable = [i for i, f in enumerate(faults_list) if f.kind not in HARD_FAULTS]
     chosen = rng.sample(replaceable, min(len(replaceable), rng.randint(*CLUSTER_FAULTS)))
@@ -221,6 +226,7 @@ CLUSTER_KINDS = frozenset(
         FaultKind.SPLIT_BUNDLE,
         FaultKind.KILL_OWNER_BROKER,
         FaultKind.KILL_GENERATOR_DURING_MOVE,
+        FaultKind.MOVE_WHILE_MARKER_WAITS,
     }
 )
 """The faults only a cluster of several brokers has."""

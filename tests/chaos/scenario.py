@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -408,7 +408,7 @@ class Scenario:
         elif fault.kind is FaultKind.RESTART_BROKER:
             if self.cluster.restart_broker is None:
                 return
-            with self.cluster.broker_lock:
+            with self.marker_waiting(fault), self.cluster.broker_lock:
                 self.cluster.restart_broker()
         elif fault.kind is FaultKind.KILL_BROKER:
             if not self.kill_broker():
@@ -433,6 +433,9 @@ class Scenario:
             retried(lambda: admin.split_bundle(namespace_of(self.topic), admin.bundle_of(self.topic)), "splitting")
         elif fault.kind is FaultKind.MOVE_BUNDLE:
             self.move_elsewhere(several, fault.target)
+        elif fault.kind is FaultKind.MOVE_WHILE_MARKER_WAITS:
+            with self.marker_waiting(fault):
+                self.move_elsewhere(several, fault.target)
         elif fault.kind is FaultKind.KILL_GENERATOR_DURING_MOVE:
             self.generator.kill()
             self.move_elsewhere(several, fault.target)
@@ -450,6 +453,22 @@ class Scenario:
                 time.sleep(fault.down_s)
                 several.start_broker(victim)
         return True
+
+    @contextlib.contextmanager
+    def marker_waiting(self, fault: Fault) -> Iterator[None]:
+        """One consumer crashed while the producers go on: the markers they send wait for its acknowledgement
+        through what happens inside; then it comes back (and acknowledges them)."""
+        slots = [slot for slot in self.plan.consumer_slots() if slot in self.live]
+        if not slots:
+            yield
+            return
+        slot = slots[fault.target % len(slots)]
+        self.crash_instance(slot)
+        time.sleep(0.3 + fault.down_s)  # markers are sent meanwhile
+        try:
+            yield
+        finally:
+            self.open_instance(slot)
 
     def move_elsewhere(self, several: MultiBrokerCluster, pick: int) -> None:
         took = time.monotonic()
