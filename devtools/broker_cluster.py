@@ -45,6 +45,7 @@ from devtools.local_cluster import (
     stop_recorded,
 )
 from devtools.plugin import broker_settings as plugin_settings
+from devtools.plugin import ensure_plugin
 from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.settings import PulsarSettings
 from pulsar_access.topics import namespace_of, watermark_namespace
@@ -171,6 +172,8 @@ class MultiBrokerCluster:
         self.home.mkdir(parents=True, exist_ok=True)
         self._check_ports_free()
         ensure_pulsar_jars()
+        if self.plugin:
+            ensure_plugin()
         say(f"starting a Pulsar {PULSAR_VERSION} cluster: 1 metadata store, {self.bookies} bookie(s), "
             f"{self.brokers} brokers on 127.0.0.1 (state in {self.home})")  # fmt: skip
         first_start = not (self.home / "zookeeper" / "data").exists()

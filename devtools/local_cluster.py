@@ -26,7 +26,7 @@ from pathlib import Path
 
 import requests
 
-from devtools.plugin import MAVEN_SETTINGS
+from devtools.plugin import MAVEN_SETTINGS, ensure_plugin
 from devtools.plugin import broker_settings as plugin_settings
 from pulsar_access.auth_tokens import (
     ADMIN_ROLE,
@@ -323,6 +323,8 @@ class LocalCluster:
                     "other ports (PULSAR_BROKER_PORT, PULSAR_WEB_PORT, PULSAR_BOOKIE_PORT)"
                 )
         lib = ensure_pulsar_jars()
+        if self.plugin:
+            ensure_plugin()
         if self.auth == "token":
             self.tokens.ensure()
         conf = self.write_config()

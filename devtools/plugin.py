@@ -72,8 +72,9 @@ def _surefire_summary() -> str:
 
 
 def broker_settings() -> dict[str, str]:
-    """The broker configuration that loads the plugin (docs/OPERATIONS: the file and the two settings)."""
-    folder = str(ensure_plugin())
+    """The broker configuration that loads the plugin from `NAR_DIR` (docs/OPERATIONS.md); `ensure_plugin()`
+    builds it there before the broker starts."""
+    folder = str(NAR_DIR)
     return {
         "brokerInterceptorsDirectory": folder,
         "brokerInterceptors": PLUGIN_NAME,

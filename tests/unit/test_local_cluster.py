@@ -87,3 +87,18 @@ def test_ports_for_a_broker_that_restarts_are_free_and_not_ephemeral() -> None:
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     ports = {free_listen_port() for _ in range(5)}
     assert all(10_000 <= port < low and port_free(port) for port in ports)
+
+
+def test_every_broker_we_start_loads_the_plugin_unless_told_not_to(tmp_path: Path) -> None:
+    from devtools.broker_cluster import MultiBrokerCluster
+    from devtools.plugin import NAR_DIR, PLUGIN_NAME
+
+    def conf(cluster: LocalCluster) -> dict[str, str]:
+        return dict(line.split("=", 1) for line in cluster.write_config().read_text().splitlines() if "=" in line)
+
+    loaded = conf(LocalCluster(state_dir=tmp_path / "with"))
+    assert loaded["brokerInterceptors"] == loaded["additionalServlets"] == PLUGIN_NAME
+    assert loaded["brokerInterceptorsDirectory"] == loaded["additionalServletDirectory"] == str(NAR_DIR)
+    assert "brokerInterceptors" not in conf(LocalCluster(state_dir=tmp_path / "without", plugin=False))
+    multi = MultiBrokerCluster(state_dir=tmp_path / "multi", brokers=3).broker_config(1)
+    assert multi["brokerInterceptors"] == multi["additionalServlets"] == PLUGIN_NAME
