@@ -94,6 +94,7 @@ def test_every_broker_we_start_loads_the_plugin_unless_told_not_to(tmp_path: Pat
     from devtools.plugin import NAR_DIR, PLUGIN_NAME
 
     def conf(cluster: LocalCluster) -> dict[str, str]:
+        cluster.state_dir.mkdir()
         return dict(line.split("=", 1) for line in cluster.write_config().read_text().splitlines() if "=" in line)
 
     loaded = conf(LocalCluster(state_dir=tmp_path / "with"))
