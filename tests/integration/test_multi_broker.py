@@ -246,3 +246,37 @@ def test_a_broker_killed_mid_stream_while_the_others_serve(
     consumer.close()
     producer.close()
     client.close()
+
+
+def test_each_brokers_plugin_tells_only_what_it_serves_and_a_moved_topic_moves_between_them(
+    cluster: MultiBrokerCluster, client: pulsar.Client, multi_admin: PulsarAdmin, topic: str
+) -> None:
+    """The broker plugin on a cluster: the topic is reported by its owner's plugin alone; after a move, the old
+    owner says it is gone and the new one reports it, with the same positions."""
+    from tests.integration.test_plugin import Changes
+
+    checker = Checker()
+    consumer = WatermarkConsumer(client, topic, "sub", listener=checker)
+    producer = WatermarkProducer(client, topic, producer_name="mover")
+    producer.new_watermark().event_time(1_000).send()
+    admins = [PulsarAdmin(PulsarSettings(p.service_url, p.admin_url)) for p in cluster.ports]
+    views = [Changes(a) for a in admins]
+    try:
+        owner = cluster.owner_index(multi_admin, topic, timeout_s=60)
+        views[owner].until(lambda: topic in views[owner].topics, "the topic, by its owner (the generator follows it)")
+        for i, view in enumerate(views):
+            view.poll(0)
+            assert (topic in view.topics) == (i == owner), i
+        before = views[owner].topics[topic]["cursors"]["sub"]
+        to = owned_elsewhere(cluster, multi_admin, topic, avoid=set())
+        views[owner].until(lambda: topic not in views[owner].topics, "the moved topic gone from its old broker")
+        views[to].until(lambda: topic in views[to].topics, "the moved topic at its new broker")
+        assert views[to].topics[topic]["cursors"]["sub"] >= before
+        producer.new_watermark().event_time(2_000).send()
+        wait_until(lambda: 2_000 in watermarks(checker), timeout_s=30,
+                   what="the watermark after the move, from the new broker's plugin")  # fmt: skip
+    finally:
+        for a in admins:
+            a.close()
+        consumer.close()
+        producer.close()
