@@ -280,7 +280,7 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return SourceOffset.from_json(data, self.options.topic)
 
     def initialOffset(self) -> dict[str, Any]:
-        return SourceOffset(self._state().starting_positions()).to_json()
+        return SourceOffset(self._state().starting_positions(), tasks=self.options.min_partitions).to_json()
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """`maxOffsetsPerTrigger` as Spark's own read limit (Spark passes it back to `latestOffset`)."""
@@ -315,7 +315,10 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         moved = watermark is not None and stop.watermark > begin.watermark
         ranges = stop.ranges_after(begin)
         state = self._state()
-        pieces = state.split(ranges, self.options.min_partitions) if ranges else []
+        # Cut as when the batch was planned (its end offset, in Spark's checkpoint, holds the count): a batch run
+        # again gives each task, and so each of the exactly-once sink's producers, the same rows on any driver.
+        tasks = stop.tasks or self.options.min_partitions
+        pieces = state.split(ranges, tasks) if ranges else []
         reads = [
             TopicRange(key, first, last, watermark, late_below, moved and index == 0)
             for index, (key, first, last) in enumerate(pieces)
@@ -323,7 +326,7 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if moved and not reads:
             reads.append(TopicRange(None, None, None, watermark, late_below, True))
         sizes = [state.size(piece) for piece in pieces] or [0]  # [0]: the watermark row's empty read
-        groups = group_pieces(sizes, self.options.min_partitions, MIN_ENTRIES_PER_SPLIT) if reads else []
+        groups = group_pieces(sizes, tasks, MIN_ENTRIES_PER_SPLIT) if reads else []
         return [ReadTask([reads[index] for index in group]) for group in groups]
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -688,7 +691,12 @@ class _DriverState:
                         ", ".join(f"{t}" + (f" partition {p}" if p >= 0 else "") for t, p in joined[:20]),
                         begin.watermark)  # fmt: skip
         self.known.forget_before(starts)
-        return SourceOffset(ends, watermark, tuple(held))
+        # How many tasks the batch is cut into, kept in its end offset for any replay; an end with nothing new to
+        # read keeps the one before, so that a restart with another `minPartitions` starts no empty batch.
+        tasks = self.options.min_partitions
+        if begin.tasks is not None and not SourceOffset(ends).ranges_after(begin):
+            tasks = begin.tasks
+        return SourceOffset(ends, watermark, tuple(held), tasks)
 
     def _say_held_back(self, held: list[PartitionKey], watermark: int) -> None:
         """Log when the partitions holding the watermark back change: a query never stalls silently."""
