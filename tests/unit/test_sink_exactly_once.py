@@ -155,7 +155,6 @@ def written(rows: list[tuple[Any, ...]], batch_rows: int = 300) -> list[tuple[by
     return [_message(*row) for row in zip(*columns, strict=True)]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35, fault 2: the canonical order leaves out the properties")
 def test_rows_tied_but_for_their_properties_are_each_written_once_when_a_replay_swaps_them() -> None:
     """Issue 35, fault 2: two rows equal in value, key and event time, A and B differing in their properties,
     fall at rows 999 and 1000, across the boundary of two entries. The first run dies after entry 0; the replay
@@ -183,3 +182,17 @@ def test_rows_that_write_the_same_message_may_come_in_any_order() -> None:
     rows = [(b"v", "k", when, [("x", "1"), ("y", "2")]), (b"v", "k", when, [("y", "2"), ("x", "1")]),
             (b"v", None, when, None), (b"v", None, when, []), (b"v", "k", None, [("x", "0")])]  # fmt: skip
     assert written(rows) == written(rows[::-1]) == written(rows[2:] + rows[:2], batch_rows=2)
+
+
+WHEN = datetime(2024, 1, 1, tzinfo=UTC)
+TIED_ROWS = st.tuples(
+    st.sampled_from([b"a", b"b"]), st.sampled_from([None, "k"]), st.sampled_from([None, WHEN]),
+    st.sampled_from([None, [], [("x", "1")], [("x", "2")], [("x", "1"), ("y", "2")], [("y", "2"), ("x", "1")]]),
+)  # fmt: skip
+
+
+@given(st.lists(TIED_ROWS, min_size=1, max_size=40), st.randoms(use_true_random=False))
+def test_any_input_order_writes_the_same_messages_in_the_same_order(rows: list[tuple[Any, ...]], rng: Any) -> None:
+    shuffled = list(rows)
+    rng.shuffle(shuffled)
+    assert written(shuffled, batch_rows=7) == written(rows)
