@@ -19,8 +19,7 @@ pytest.importorskip("pyspark")
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 from pyspark.sql.types import StructType
 
-import pulsar_access.admin
-import spark_sink.watermarks
+import spark_sink.driver
 from pulsar_access.settings import PulsarSettings
 from spark_sink.offsets import SourceOffset
 from spark_sink.source import PulsarStreamReader
@@ -91,8 +90,8 @@ class FakeFollower:
 
 @pytest.fixture(autouse=True)
 def _no_broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(pulsar_access.admin, "PulsarAdmin", FakeAdmin)
-    monkeypatch.setattr(spark_sink.watermarks, "CompanionFollower", FakeFollower)
+    monkeypatch.setattr(spark_sink.driver, "PulsarAdmin", FakeAdmin)
+    monkeypatch.setattr(spark_sink.driver, "CompanionFollower", FakeFollower)
     monkeypatch.setattr(PulsarSettings, "client", lambda self, **options: FakeClient())
     FakeAdmin.ledgers = {}
     yield

@@ -20,7 +20,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_sink.source import SCHEMA, TopicRange, _ArrowRows
+from spark_sink.ranges import TopicRange
+from spark_sink.rows import ArrowRows
+from spark_sink.source import SCHEMA
 
 pytestmark = pytest.mark.unit
 
@@ -39,7 +41,7 @@ def stamp(ms: int) -> datetime:
 
 
 def add(
-    rows: _ArrowRows, key: str, event_time: int, entry: int, properties: dict[str, str], producer: str = "p"
+    rows: ArrowRows, key: str, event_time: int, entry: int, properties: dict[str, str], producer: str = "p"
 ) -> None:
     rows.keys.append(key)
     rows.values.append(b"v%d" % entry)
@@ -53,7 +55,7 @@ def add(
 
 
 def test_rows_become_one_record_batch_of_the_schema_with_late_rows_marked() -> None:
-    rows = _ArrowRows(SPARK_SCHEMA, TopicRange((T, 1), None, (5, 9), BASE + 10_000, BASE + 5_000, True))
+    rows = ArrowRows(SPARK_SCHEMA, TopicRange((T, 1), None, (5, 9), BASE + 10_000, BASE + 5_000, True))
     add(rows, "", BASE + 7_000, 0, {"a": "b"})
     add(rows, "k", 0, 1, {})  # no event time: its publish time
     add(rows, "k", BASE + 4_000, 2, {"c": "d", "e": "f"}, "breaker")  # below the watermark Spark holds: late
@@ -75,7 +77,7 @@ def test_rows_become_one_record_batch_of_the_schema_with_late_rows_marked() -> N
 
 
 def test_the_watermark_row_carries_the_watermark_at_the_batchs_end() -> None:
-    rows = _ArrowRows(SPARK_SCHEMA, TopicRange(None, None, None, BASE + 10_000, None, True))
+    rows = ArrowRows(SPARK_SCHEMA, TopicRange(None, None, None, BASE + 10_000, None, True))
     got = rows.watermark_row(BASE + 10_000).to_pydict()
     assert got["is_watermark"] == [True] and got["late"] == [False]
     assert got["event_time"] == got["watermark"] == [stamp(BASE + 10_000)]
@@ -83,7 +85,7 @@ def test_the_watermark_row_carries_the_watermark_at_the_batchs_end() -> None:
 
 
 def test_before_any_watermark_nothing_is_late() -> None:
-    rows = _ArrowRows(SPARK_SCHEMA, TopicRange((T, -1), None, (5, 9), None, None, False))
+    rows = ArrowRows(SPARK_SCHEMA, TopicRange((T, -1), None, (5, 9), None, None, False))
     add(rows, "", 1, 0, {})
     got = rows.batch().to_pydict()
     assert got["late"] == [False] and got["watermark"] == [None] and got["partition"] == [-1]
