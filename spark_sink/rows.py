@@ -46,6 +46,7 @@ class ArrowRows:
         self.property_offsets: list[int] = [0]
         self.property_keys: list[str] = []
         self.property_values: list[str] = []
+        self._types = {field.name: field.type for field in self.schema}
         self._columns = (
             self.keys, self.values, self.event_times, self.publish_times, self.ledgers, self.entries,
             self.batch_indexes, self.producers, self.property_keys, self.property_values,
@@ -64,7 +65,7 @@ class ArrowRows:
     def batch(self) -> Any:
         """The rows collected so far as one record batch (computed column-wise), then empty again."""
         rows = len(self.values)
-        types = {field.name: field.type for field in self.schema}
+        types = self._types
         event_ms = pa.array(self.event_times, pa.int64())
         publish_ms = pa.array(self.publish_times, pa.int64())
         event_ms = pc.if_else(pc.equal(event_ms, 0), publish_ms, event_ms)  # no event time: its publish time
@@ -159,7 +160,12 @@ def read_range(options: SourceOptions, part: TopicRange, rows: ArrowRows) -> Ite
     start = part.start or (-1, -1)
     end = part.end
     last_entry: Entry | None = None
+    # Per message only what a correct loop needs (its position, the marker check) and one append per column,
+    # each list a local: no attribute lookups, no method call of ours (`batch` builds the columns at once).
     keys, values, event_times, publish_times = rows.keys, rows.values, rows.event_times, rows.publish_times
+    ledgers, entries, batch_indexes, producers = rows.ledgers, rows.entries, rows.batch_indexes, rows.producers
+    property_keys, property_values, property_offsets = rows.property_keys, rows.property_values, rows.property_offsets
+    properties_so_far = len(property_keys)
     # The client's own reader under its Python wrapper: the same calls, without a wrapper object and
     # an extra Python frame per message and accessor.
     read_next = getattr(getattr(reader, "_reader", None), "read_next", None) or reader.read_next
@@ -182,18 +188,23 @@ def read_range(options: SourceOptions, part: TopicRange, rows: ArrowRows) -> Ite
                 break  # `message` is the next range's first: kept with the reader
             properties = message.properties()
             batch_index = msg_id.batch_index()
-            if MARKER_PROPERTY not in properties:
+            if not properties or MARKER_PROPERTY not in properties:
+                if properties:  # most messages have none: then only their offset is recorded
+                    property_keys.extend(properties)
+                    property_values.extend(properties.values())
+                    properties_so_far += len(properties)
+                property_offsets.append(properties_so_far)
                 keys.append(message.partition_key())
                 values.append(message.data())
                 event_times.append(message.event_timestamp())
                 publish_times.append(message.publish_timestamp())
-                rows.ledgers.append(entry[0])
-                rows.entries.append(entry[1])
-                rows.batch_indexes.append(batch_index)
-                rows.producers.append(message.producer_name())
-                rows.add_properties(properties)
+                ledgers.append(entry[0])
+                entries.append(entry[1])
+                batch_indexes.append(batch_index)
+                producers.append(message.producer_name())
                 if len(values) >= ROWS_PER_ARROW_BATCH:
                     yield rows.batch()
+                    properties_so_far = 0
             message = None
             if entry == end and batch_index < 0:
                 break
