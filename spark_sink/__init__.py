@@ -77,7 +77,7 @@ _CLOCK = "__broker_watermark_clock"
 def read_stream(spark: Any, **options: Any) -> Any:
     """A stream of Pulsar topics whose Spark watermark is the broker watermark.
 
-    Options (see `spark_sink.source.SourceOptions`): `topic`, `topics` (comma list) or
+    Options (see `spark_sink.options.SourceOptions`): `topic`, `topics` (comma list) or
     `topicsPattern`; `subscription` (required); `serviceUrl` / `service.url`, `adminUrl` / `admin.url`,
     `authToken`, `pulsar.client.*`; `startingOffsets` (earliest | latest | per-partition JSON),
     `maxOffsetsPerTrigger`, `failOnDataLoss`, `minPartitions`.

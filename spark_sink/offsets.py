@@ -4,7 +4,11 @@ Spark keeps offsets in its checkpoint as JSON. Ours holds, per partition of ever
 last entry read (ledger, entry) or None before the first, and the broker watermark at that end
 (`NO_WATERMARK` before there is one):
 
-    {"topics": {"persistent://public/default/t": {"0": [ledger, entry], "1": null}}, "wm": ms}
+    {"topics": {"persistent://public/default/t": {"0": [ledger, entry], "1": null}}, "wm": ms, "tasks": n}
+
+`tasks` is how many Spark tasks the batch ending there was cut for when it was planned: Spark runs a batch
+again from the offsets in its checkpoint, and the exactly-once sink needs each task of it to get the same
+rows as the first time, whatever driver runs it again (its CPU count, its `minPartitions`).
 
 Checkpoints written before several topics could be read hold one topic's partitions without its
 name (`{"partitions": {"0": [ledger, entry]}, "wm": ms}`); `from_json` reads them for the topic the
@@ -37,6 +41,9 @@ class SourceOffset:
     held_back_by: tuple[PartitionKey, ...] = field(default=(), compare=False)
     """Partitions with entries but no watermark known at their end: they hold the watermark back
     (`KnownWatermarks.held_back_by`). In the JSON as `heldBackBy` (the query's progress shows it)."""
+    tasks: int | None = None
+    """How many tasks the batch ending here is cut for (`minPartitions`, by default the CPU count of the driver
+    that planned it). None in offsets written before it was recorded: those are cut by today's option."""
 
     def to_json(self) -> dict[str, Any]:
         """The dict Spark stores in its checkpoint (`initialOffset`/`latestOffset` return it)."""
@@ -44,6 +51,8 @@ class SourceOffset:
         for (topic, partition), entry in sorted(self.partitions.items()):
             topics.setdefault(topic, {})[str(partition)] = None if entry is None else [entry[0], entry[1]]
         data: dict[str, Any] = {"topics": topics, "wm": self.watermark}
+        if self.tasks is not None:
+            data["tasks"] = self.tasks
         if self.held_back_by:
             held: dict[str, list[int]] = {}
             for topic, partition in sorted(self.held_back_by):
@@ -73,10 +82,11 @@ class SourceOffset:
             (str(topic), int(partition)) for topic, indexes in (data.get("heldBackBy") or {}).items()
             for partition in indexes
         )  # fmt: skip
-        return cls(partitions, int(data.get("wm", NO_WATERMARK)), held)
+        tasks = data.get("tasks")
+        return cls(partitions, int(data.get("wm", NO_WATERMARK)), held, None if tasks is None else int(tasks))
 
     def with_watermark(self, watermark: int) -> SourceOffset:
-        return SourceOffset(self.partitions, watermark, self.held_back_by)
+        return SourceOffset(self.partitions, watermark, self.held_back_by, self.tasks)
 
     def ranges_after(self, start: SourceOffset) -> list[tuple[PartitionKey, Entry | None, Entry]]:
         """(partition, start entry or None, end entry) of every partition with entries in (start, self]."""

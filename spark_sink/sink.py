@@ -11,7 +11,8 @@ deduplication, which drops a message whose (producer name, sequence id) it has a
 
 - a task's rows go out from a producer named after the query and its Spark partition
   (`writer_name`), with sequence ids `batch id * 2**32 + row` (`sequence_id`), the rows in a
-  canonical order (sorted) so that a batch Spark runs again numbers the same rows the same way;
+  canonical order (sorted by everything a row writes) so that a batch Spark runs again numbers the same
+  rows the same way;
 - rows go out in client batches (one broker entry each) whose bounds are a pure function of the
   rows (`entry_starts`: at most `ENTRY_ROWS` rows and `ENTRY_BYTES` bytes, cut by an explicit flush;
   the client's own limits and timer are set so that they never cut first). Pulsar judges an entry by
@@ -248,12 +249,34 @@ def _message(value: Any, key: Any, event_time: Any, properties: Any) -> tuple[by
     return payload, kwargs
 
 
+_PROPERTIES_ORDER = "__pulsar_watermark_properties"
+"""A column `_canonical` adds to sort by: what a row's `properties` write, as text."""
+
+
+def _written_properties(properties: Any) -> str:
+    """The properties a row writes (as `_message` does: a dict of strings, none when empty) as sortable text."""
+    if not properties:
+        return ""
+    return json.dumps(sorted({str(k): str(v) for k, v in dict(properties).items()}.items()))
+
+
 def _canonical(batches: list[Any]) -> Any:
-    """A task's rows as one Arrow table in a canonical order: a batch run again numbers each row the same."""
+    """A task's rows as one Arrow table in a canonical order: a batch run again numbers each row the same,
+    whatever order Spark hands them in.
+
+    The order is total over everything a row writes (`value`, `key`, `event_time` and `properties`): rows
+    still tied write the very same message, so which of them gets which sequence id changes nothing. With a
+    tie left among rows that write different messages, a replay that swapped two of them across an entry's
+    boundary would write one twice and the other never.
+    """
     import pyarrow as pa
 
     table = pa.Table.from_batches(batches)
     keys = [(name, "ascending") for name in ("value", "key", "event_time") if name in table.column_names]
+    if "properties" in table.column_names:  # a map column cannot be sorted by: its written form can
+        written = [_written_properties(p) for p in table.column("properties").to_pylist()]
+        table = table.append_column(_PROPERTIES_ORDER, pa.array(written, pa.string()))
+        keys.append((_PROPERTIES_ORDER, "ascending"))
     return table.sort_by(keys)
 
 

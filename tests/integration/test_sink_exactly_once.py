@@ -283,3 +283,88 @@ def test_entries_run_again_after_a_death_are_dropped_whole_or_written_whole(
     send_entries(producer, batch, messages, [range(1, 5)])  # straddles the last entry: taken whole
     producer.close()
     assert _payloads(pulsar_client, output)[10:] == ["r0", "r1", "r2", "r1", "r2", "r3", "r4"]
+
+
+def _pass_through(spark: SparkSession, topic: str, output: str, checkpoint: Path, min_partitions: int) -> None:
+    """One run of a pass-through query over what `topic` holds now (Trigger.AvailableNow), to its end: no
+    shuffle, so each task of the source's batch is a task of the sink, writing under its own producer name."""
+    query = (
+        spark_sink.read_stream(spark, topic=topic, subscription="replay", minPartitions=str(min_partitions))
+        .select("value", "key", "event_time")
+        .writeStream.format("pulsar-watermark")
+        .option("topic", output)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(300), "the pass-through query did not finish within 300 s"
+    assert query.exception() is None, f"the pass-through query failed: {query.exception()}"
+
+
+def _rows(client: pulsar.Client, topic: str) -> Counter[str]:
+    """How often each data row (payload) is in `topic`, markers left out."""
+    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+    found: Counter[str] = Counter()
+    try:
+        while reader.has_message_available():
+            message = reader.read_next(10_000)
+            if MARKER_PROPERTY not in message.properties():
+                found[message.data().decode()] += 1
+    finally:
+        reader.close()
+    return found
+
+
+def _write_entries(client: pulsar.Client, topic: str, partitions: int, rows: range) -> list[str]:
+    """One message per entry (no client batching) on every partition of `topic`; the payloads written."""
+    from pulsar_access.topics import partition_name
+
+    written = []
+    for partition in range(partitions):
+        producer = client.create_producer(partition_name(topic, partition), batching_enabled=False)
+        for row in rows:
+            payload = f"{partition}-{row:05d}"
+            producer.send_async(payload.encode(), None)
+            written.append(payload)
+        producer.flush()
+        producer.close()
+    return written
+
+
+def test_a_batch_replayed_with_another_min_partitions_writes_each_row_exactly_once(
+    spark: SparkSession, pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str, tmp_path: Path
+) -> None:
+    """Issue 35, fault 1: the replay of a batch is cut into the tasks it was planned with, not into what the
+    restarted driver would choose (its CPU count, its `minPartitions`).
+
+    Batch 1 (4 partitions of 3000 entries) is written by 4 tasks. Its commit is then taken out of the checkpoint:
+    what a driver killed after the write and before the commit leaves behind, so Spark runs batch 1 again at the
+    restart, here with `minPartitions` 2. Cut into 2 tasks, the first would have covered partitions 0 and 1
+    under the producer name of the first run's partition 0 alone, and the broker's last sequence id of that
+    name would have let half of its rows through again. Every row of the output is checked, each exactly once.
+    """
+    from tests.integration.test_spark import deduplicated
+
+    spark_sink.register(spark)
+    admin.create_topic(topic, partitions=4)
+    output = deduplicated(admin, f"{topic}-replayed")
+    checkpoint = tmp_path / "ckpt"
+    expected = _write_entries(pulsar_client, topic, 4, range(10))
+    _pass_through(spark, topic, output, checkpoint, min_partitions=4)  # batch 0: a start kept in the checkpoint
+    expected += _write_entries(pulsar_client, topic, 4, range(10, 3010))
+    _pass_through(spark, topic, output, checkpoint, min_partitions=4)  # batch 1
+    assert (_last(checkpoint, "offsets"), _last(checkpoint, "commits")) == (1, 1)
+    planned = json.loads((checkpoint / "offsets" / "1").read_text().splitlines()[2])
+    assert planned["tasks"] == 4, "batch 1 was planned for 4 tasks"
+    assert _rows(pulsar_client, output) == Counter(expected), "the first runs did not write each row once"
+
+    for name in ("1", ".1.crc"):  # the driver died between batch 1's write and its commit
+        (checkpoint / "commits" / name).unlink(missing_ok=True)
+    _pass_through(spark, topic, output, checkpoint, min_partitions=2)  # a driver with other options runs it again
+    assert (_last(checkpoint, "offsets"), _last(checkpoint, "commits")) == (1, 1), "batch 1 was not run again"
+
+    written = _rows(pulsar_client, output)
+    twice = sorted(payload for payload, count in written.items() if count > 1)
+    missing = sorted(set(expected) - set(written))
+    assert not twice and not missing, f"{len(twice)} rows written twice (e.g. {twice[:5]}), {len(missing)} lost"
+    assert written == Counter(expected)

@@ -208,7 +208,7 @@ def source_options() -> Callable[[dict[str, str]], Any]:
     pytest.importorskip("pyspark")
     from pyspark.sql.datasource import CaseInsensitiveDict
 
-    from spark_sink.source import SourceOptions
+    from spark_sink.options import SourceOptions
 
     return lambda options: SourceOptions(CaseInsensitiveDict(options))
 

@@ -42,3 +42,44 @@ def test_a_package_imports_only_what_is_below_it(package: str) -> None:
     assert imports, f"{package} has no modules"
     wrong = {module: sorted(names - ALLOWED[package]) for module, names in imports.items() if names - ALLOWED[package]}
     assert wrong == {}, f"imports across the layout (docs/ARCHITECTURE.md): {wrong}"
+
+
+def module_imports(package: str) -> dict[str, set[str]]:
+    """For each module of `package`, the modules of the same package it imports at its top level."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / package).glob("*.py")):
+        names: set[str] = set()
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(f"{package}."):
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names if alias.name.startswith(f"{package}."))
+        found[f"{package}.{path.stem}"] = names
+    return found
+
+
+def test_the_spark_modules_import_one_another_without_a_circle() -> None:
+    graph = module_imports("spark_sink")
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"an import circle: {' -> '.join((*path, module))}"
+        if module not in done:
+            for name in graph.get(module, ()):
+                visit(name, (*path, module))
+            done.add(module)
+
+    for module in graph:
+        visit(module, ())
+    assert "spark_sink.rows" not in set().union(*graph.values()), "rows (pyarrow) is imported by source.read alone"
+
+
+def test_the_spark_source_on_the_driver_loads_no_pyarrow() -> None:
+    """The driver's processes import the source to plan batches; pyarrow (~150 ms) is the executors' alone."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("pyspark")
+    code = "import sys, spark_sink; spark_sink.data_source(); print('pyarrow' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

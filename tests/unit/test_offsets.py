@@ -18,7 +18,12 @@ T = "persistent://public/default/t"
 U = "persistent://public/default/u"
 ENTRIES = st.none() | st.tuples(st.integers(0, 10**6), st.integers(-1, 10**6))
 KEYS = st.tuples(st.sampled_from([T, U, "persistent://tenant/ns/x"]), st.integers(-1, 64))
-OFFSETS = st.builds(SourceOffset, st.dictionaries(KEYS, ENTRIES, max_size=8), st.integers(-1, 2**62))
+OFFSETS = st.builds(
+    SourceOffset,
+    st.dictionaries(KEYS, ENTRIES, max_size=8),
+    st.integers(-1, 2**62),
+    tasks=st.none() | st.integers(1, 64),
+)
 
 
 @given(OFFSETS)
@@ -138,3 +143,12 @@ def test_a_small_batch_is_one_task_and_a_large_one_is_shared_by_the_cores() -> N
     assert group_pieces([50_000, 50_000], tasks=2, min_entries=2000) == [[0], [1]]
     halves = group_pieces([100] * 1000, tasks=2, min_entries=2000)  # many partitions, few messages each
     assert [len(group) for group in halves] == [500, 500]
+
+
+def test_the_task_count_a_batch_was_planned_for_is_kept_in_its_offset() -> None:
+    offset = SourceOffset({(T, 0): (12, 7)}, 5, tasks=4)
+    assert offset.to_json()["tasks"] == 4
+    assert SourceOffset.from_json(json.loads(json.dumps(offset.to_json()))) == offset
+    assert offset.with_watermark(9).tasks == 4
+    older = {"topics": {T: {"0": [12, 7]}}, "wm": 5}  # written before the count was recorded
+    assert SourceOffset.from_json(older).tasks is None and "tasks" not in SourceOffset.from_json(older).to_json()

@@ -20,7 +20,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_sink.source import SCHEMA, TopicRange, _ArrowRows
+from spark_sink.ranges import TopicRange
+from spark_sink.rows import ArrowRows
+from spark_sink.source import SCHEMA
 
 pytestmark = pytest.mark.unit
 
@@ -39,7 +41,7 @@ def stamp(ms: int) -> datetime:
 
 
 def add(
-    rows: _ArrowRows, key: str, event_time: int, entry: int, properties: dict[str, str], producer: str = "p"
+    rows: ArrowRows, key: str, event_time: int, entry: int, properties: dict[str, str], producer: str = "p"
 ) -> None:
     rows.keys.append(key)
     rows.values.append(b"v%d" % entry)
@@ -53,7 +55,7 @@ def add(
 
 
 def test_rows_become_one_record_batch_of_the_schema_with_late_rows_marked() -> None:
-    rows = _ArrowRows(SPARK_SCHEMA, TopicRange((T, 1), None, (5, 9), BASE + 10_000, BASE + 5_000, True))
+    rows = ArrowRows(SPARK_SCHEMA, TopicRange((T, 1), None, (5, 9), BASE + 10_000, BASE + 5_000, True))
     add(rows, "", BASE + 7_000, 0, {"a": "b"})
     add(rows, "k", 0, 1, {})  # no event time: its publish time
     add(rows, "k", BASE + 4_000, 2, {"c": "d", "e": "f"}, "breaker")  # below the watermark Spark holds: late
@@ -75,7 +77,7 @@ def test_rows_become_one_record_batch_of_the_schema_with_late_rows_marked() -> N
 
 
 def test_the_watermark_row_carries_the_watermark_at_the_batchs_end() -> None:
-    rows = _ArrowRows(SPARK_SCHEMA, TopicRange(None, None, None, BASE + 10_000, None, True))
+    rows = ArrowRows(SPARK_SCHEMA, TopicRange(None, None, None, BASE + 10_000, None, True))
     got = rows.watermark_row(BASE + 10_000).to_pydict()
     assert got["is_watermark"] == [True] and got["late"] == [False]
     assert got["event_time"] == got["watermark"] == [stamp(BASE + 10_000)]
@@ -83,7 +85,88 @@ def test_the_watermark_row_carries_the_watermark_at_the_batchs_end() -> None:
 
 
 def test_before_any_watermark_nothing_is_late() -> None:
-    rows = _ArrowRows(SPARK_SCHEMA, TopicRange((T, -1), None, (5, 9), None, None, False))
+    rows = ArrowRows(SPARK_SCHEMA, TopicRange((T, -1), None, (5, 9), None, None, False))
     add(rows, "", 1, 0, {})
     got = rows.batch().to_pydict()
     assert got["late"] == [False] and got["watermark"] == [None] and got["partition"] == [-1]
+
+
+class FakeId:
+    def __init__(self, entry: int) -> None:
+        self.entry = entry
+
+    def ledger_id(self) -> int:
+        return 7
+
+    def entry_id(self) -> int:
+        return self.entry
+
+    def batch_index(self) -> int:
+        return -1
+
+
+class FakeMessage:
+    """What the client's binding hands out, with the accessors the read loop calls."""
+
+    def __init__(self, entry: int, properties: dict[str, str]) -> None:
+        self.id, self.props = FakeId(entry), properties
+
+    def message_id(self) -> FakeId:
+        return self.id
+
+    def properties(self) -> dict[str, str]:
+        return dict(self.props)
+
+    def partition_key(self) -> str:
+        return f"k{self.id.entry}"
+
+    def data(self) -> bytes:
+        return b"v%d" % self.id.entry
+
+    def event_timestamp(self) -> int:
+        return BASE + self.id.entry
+
+    def publish_timestamp(self) -> int:
+        return BASE
+
+    def producer_name(self) -> str:
+        return "p"
+
+
+class FakeReader:
+    def __init__(self, messages: list[FakeMessage]) -> None:
+        self.messages = iter(messages)
+
+    def read_next(self, timeout_ms: int) -> FakeMessage:
+        return next(self.messages)
+
+    def has_message_available(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("rows_per_batch", [2, 3, 8192])
+def test_a_range_is_read_with_markers_hidden_and_each_rows_properties(
+    monkeypatch: pytest.MonkeyPatch, rows_per_batch: int
+) -> None:
+    from spark_sink import clients, rows
+    from spark_sink.options import SourceOptions
+
+    monkeypatch.setattr(rows, "ROWS_PER_ARROW_BATCH", rows_per_batch)
+    properties = {3: {"wm.marker": "W_SET"}, 5: {"a": "b", "c": "d"}, 6: {"e": "f"}}
+    messages = [FakeMessage(entry, properties.get(entry, {})) for entry in range(10)]
+    options = SourceOptions({"topic": T, "subscription": "s", "serviceUrl": "pulsar://localhost:6650",
+                             "adminUrl": "http://localhost:8080"})  # fmt: skip
+    part = TopicRange((T, -1), (7, 1), (7, 7), BASE + 10_000, BASE + 5, False)
+    clients.keep_reader(options.settings(), options.client_options, T, FakeReader(messages), (7, 1))
+    batches = list(rows.read_range(options, part, ArrowRows(SPARK_SCHEMA, part)))
+    got: dict[str, list[Any]] = {name: [v for b in batches for v in b.column(name).to_pylist()] for name in
+                                 ("value", "message_id", "properties", "late")}  # fmt: skip
+    assert got["value"] == [b"v2", b"v4", b"v5", b"v6", b"v7"]  # after the start, up to the end, the marker hidden
+    assert got["message_id"] == ["7:2:-1", "7:4:-1", "7:5:-1", "7:6:-1", "7:7:-1"]
+    assert got["properties"] == [[], [], [("a", "b"), ("c", "d")], [("e", "f")], []]
+    assert got["late"] == [True, True, False, False, False]  # event times below BASE + 5
+    kept = clients.take_reader(options.settings(), options.client_options, T, (7, 7))
+    assert kept is not None and kept.pending is None  # a whole entry at the end: nothing read past it
