@@ -271,6 +271,20 @@ class ConsumerWorld:
         if not self.channel:
             self.send(CaughtUp())
 
+    def reset_while_in_flight(self, partition: int, back: int, count: int) -> None:
+        """Issue 34, fault 1: the generator publishes an event the consumer has not read yet; an operator resets the
+        cursor `back` entries before the mark-delete position; `count` entries come again and are acknowledged; the
+        event is read, and a second later the reader has caught up."""
+        self.generator_poll()
+        self.seek(partition, max(0, self.partitions[partition].mark_delete() + 1 - back), "reset")
+        for _ in range(count):
+            self.deliver(partition)
+        while self.handed:
+            self.ack(0)
+        self.read_events(len(self.channel))
+        self.tick(1.0)
+        self.caught_up()
+
     def tick(self, seconds: float) -> None:
         self.now += seconds
         self.send(Tick())
