@@ -128,9 +128,7 @@ class WatermarkConsumer:
         one = self._feed.partitions == [self._unnamed_partition] and not self._feed.engine.follow_new
         self._only_partition = self._unnamed_partition if one else None
         """The one partition every message comes from (a topic without partitions, or one partition of one)."""
-        if listener is not None:
-            if self._feed.current is not None:  # what the catch-up found, handed over first
-                self._inbox.append(HandWatermark(self._feed.current))
+        if listener is not None:  # the feed queued what the catch-up found (`Attached`), first
             self._dispatcher = threading.Thread(target=self._dispatch, name=f"wm-listener-{subscription}", daemon=True)
             self._dispatcher.start()
         self._inclusive_seek = bool(subscribe_options.get("start_message_id_inclusive", False))

@@ -24,6 +24,7 @@ import pulsar
 from consumer.engine import (
     FALLBACK_WAIT_S,
     RECOMPUTE_WAIT_S,
+    Attached,
     CaughtUp,
     Command,
     ConsumerEngine,
@@ -104,14 +105,20 @@ class WatermarkFeed:
         self._incarnations = Incarnations.for_consumer(admin_url, reader=f"subscription {subscription!r} of {topic}")
         self._companion = CompanionReader(
             client, topic, self._incarnations, on_table=self._on_table, on_head=self._on_head,
-            each_turn=self._each_turn, on_idle=self._on_idle, thread_name=f"wm-feed-{subscription}",
+            each_turn=self._each_turn, on_caught_up=self._on_caught_up, wants_caught_up=self._wants_caught_up,
+            thread_name=f"wm-feed-{subscription}",
         )  # fmt: skip
         # Silent: the history before the latest event (older watermarks, or higher ones from before a
-        # seek) is not the subscription's watermark now and is never handed on; the consumer takes
-        # `current` once this returns.
-        self._caught_up = False
+        # seek) is not the subscription's watermark now and is never handed on. Then the engine hands a
+        # listener what it holds, under the lock and before the reader's thread starts: once, and before
+        # anything read later (issue 34, fault 3).
+        self._attached = threading.Event()
         self._companion.catch_up()
-        self._caught_up = True
+        with self.lock:
+            commands = self.engine.handle(Attached(), time.monotonic())
+            if commands and self._perform is not None:
+                self._perform(commands)
+        self._attached.set()
         self._next_refresh = time.monotonic() + self._partition_refresh_s
         self._companion.start()
 
@@ -172,7 +179,8 @@ class WatermarkFeed:
         with self.lock:
             before = self.engine.current
             commands = self.engine.handle(event, time.monotonic())
-            if commands and self._caught_up and self._perform is not None:  # catching up: history (`_catch_up`)
+            attached = self._attached.is_set()  # before: catching up, history
+            if commands and attached and self._perform is not None:
                 self._perform(commands)
             after = self.engine.current
         if commands:
@@ -180,7 +188,7 @@ class WatermarkFeed:
             for command in commands:
                 if isinstance(command, GaveUp):
                     self._log_gave_up(command)
-        if self._caught_up and (after != before or (after is None) != (before is None)):
+        if attached and (after != before or (after is None) != (before is None)):
             self._on_change(after)
 
     def _send_acknowledgements(self, commands: list[Command]) -> None:
@@ -230,8 +238,12 @@ class WatermarkFeed:
             self._refresh_partitions()
             self._next_refresh = time.monotonic() + self._partition_refresh_s
 
-    def _on_idle(self) -> None:
-        self._feed(CaughtUp())  # nothing more published: events from before a seek are all read
+    def _on_caught_up(self, as_of: float) -> None:
+        self._feed(CaughtUp(as_of))  # everything published before `as_of` is read: events from before a seek too
+
+    def _wants_caught_up(self) -> bool:
+        with self.lock:
+            return self.engine.waits_for_caught_up
 
     def _on_head(self, head: HeadWatermark) -> None:
         """The watermark at a position of a partition's log: not a subscription's, but a fact the trust rule

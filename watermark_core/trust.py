@@ -558,10 +558,15 @@ class WatermarkTrust:
         state = self._partitions[partition]
         if state.latest is None or state.latest is state.held:
             return False
-        if not anywhere and not state.accepts(state.latest.position, state.guarded or state.latest is state.stale):
+        stale = state.latest is state.stale
+        if not anywhere and not state.accepts(state.latest.position, state.guarded or stale):
             return False
         state.held, state.floor, state.provisional, state.by_time = state.latest, None, False, False
-        state.stale = None
+        if stale:
+            # Taken late: older events computed before it (after the move back) may still be unread. Guarded
+            # again (not older than it) until the reader catches up, so the watermark does not go back.
+            state.stale, state.guarded = None, True
+            self._moved_back.add(partition)
         self._forget_acknowledged(state)
         self._regained.add(partition)
         self._join(partition)
@@ -596,7 +601,8 @@ class WatermarkTrust:
     # -- outputs ------------------------------------------------------------------------------------
 
     def drain_moved_back(self) -> list[int]:
-        """Partitions guarded since the last call because a message came again (see `on_message`)."""
+        """Partitions guarded since the last call because a message came again (see `on_message`), or because
+        they took a `stale` event: until the reader catches up (`on_caught_up`)."""
         moved, self._moved_back = sorted(self._moved_back), set()
         return moved
 

@@ -11,6 +11,7 @@ from consumer.engine import (
     NO_WATERMARK,
     STALE_WINDOW_S,
     Acknowledged,
+    Attached,
     CaughtUp,
     Command,
     ConsumerEngine,
@@ -379,3 +380,57 @@ def test_after_caught_up_an_event_read_later_is_taken_wherever_it_was_computed()
     drive(CaughtUp())
     drive.event(7)  # the generator saw the reset: recomputed at 7
     assert drive.watermark == Watermark(time_of(7))
+
+
+# -- issue 34, faults 2 and 3: what the shell reports ------------------------------------------------------------
+
+
+def test_caught_up_counts_from_when_the_reader_asked_not_from_when_it_is_told() -> None:
+    """The reader found nothing more available half a second after the seek: events published later (until a
+    second after it) may still be from before the seek, however late the engine hears of it."""
+    drive = Drive()
+    drive(Sought((-1,), None))
+    drive.event(8)
+    drive.after(2.0)
+    drive(CaughtUp(as_of=0.5))
+    drive.event(12)
+    assert drive.watermark is None
+    drive(CaughtUp(as_of=drive.now))
+    drive.event(14)
+    assert drive.watermark == Watermark(time_of(14))
+
+
+def test_attached_hands_a_listener_what_the_catch_up_found_once() -> None:
+    """The feed reads the companion topic's history before the consumer attaches and hands it to nobody; `Attached`
+    hands the listener the watermark it holds then, once (issue 34, fault 3)."""
+    drive = Drive(listener=True)
+    drive.event(5)
+    drive.event(9)
+    drive.out.clear()  # the catch-up's commands: history, carried out by nobody
+    assert drive(Attached()) == [HandWatermark(Watermark(time_of(9), computed_at=((-1, L, 9),)))]
+    drive.event(11)
+    assert drive.handed() == [time_of(9), time_of(11)]
+    assert Drive(listener=True)(Attached()) == []
+    pull = Drive()
+    pull.event(9)
+    assert pull(Attached()) == []
+
+
+def test_a_stale_event_taken_late_is_not_followed_by_an_older_one_read_after_it() -> None:
+    """Found by the property test's new move: E(11) taken once 11 came again and was acknowledged, then E(10),
+    published while 10 was the mark-delete position and read late, took the watermark back without a move back."""
+    drive = Drive()
+    drive.event(2)
+    drive.receive(*range(3, 21))
+    drive.receive(5, 6, 7)
+    drive.event(20)
+    drive.after(STALE_WINDOW_S)
+    drive(CaughtUp())
+    drive.receive(*range(8, 21))
+    assert drive.watermark == Watermark(time_of(20))
+    drive.event(19)  # published before the reader read what 20's acknowledgement made
+    assert drive.watermark == Watermark(time_of(20))
+    drive.after(STALE_WINDOW_S)
+    drive(CaughtUp())
+    drive.event(22)
+    assert drive.watermark == Watermark(time_of(22))

@@ -58,6 +58,8 @@ actions = st.lists(
         st.tuples(st.just("poll")),
         st.tuples(st.just("poll")),
         st.tuples(st.just("caught_up")),
+        st.tuples(st.just("restate")),
+        st.tuples(st.just("read_to_end")),
         st.tuples(st.just("read"), st.integers(1, 5)),
         st.tuples(st.just("read"), st.integers(1, 5)),
         st.tuples(st.just("tick"), st.sampled_from((0.5, 2.0, 6.0, 31.0))),
@@ -97,6 +99,10 @@ def play(world: ConsumerWorld, script: list[tuple[object, ...]], new_log: list[E
             world.reset_while_in_flight(partitions(args[0]), int(args[1]), int(args[2]))  # type: ignore[call-overload]
         elif action == "caught_up":
             world.caught_up()
+        elif action == "restate":
+            world.restate()
+        elif action == "read_to_end":
+            world.read_to_end()
         elif action == "poll":
             world.generator_poll()
         elif action == "read":
@@ -181,7 +187,9 @@ idle_actions = st.lists(
         st.tuples(st.just("poll")),
         st.tuples(st.just("poll")),
         st.tuples(st.just("caught_up")),
-        st.tuples(st.just("caught_up")),
+        st.tuples(st.just("restate")),
+        st.tuples(st.just("restate")),
+        st.tuples(st.just("read_to_end")),
         st.tuples(st.just("read"), st.integers(1, 5)),
         st.tuples(st.just("read"), st.integers(1, 5)),
         st.tuples(st.just("tick"), st.sampled_from((0.5, 1.0, 2.0, 6.0, 31.0))),
