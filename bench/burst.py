@@ -267,6 +267,21 @@ def _broker_ms_per_call(admin: PulsarAdmin, broker: int, topics: list[str], kind
     return (busy - idle) * 1000 / calls
 
 
+def spread_wsets(producers: list[WatermarkProducer], period_s: float, stop: threading.Event) -> None:
+    """Until `stop`: each producer sends one W_SET a period (event time 2 s, 3 s, ...) at a random time of it, so
+    a late acknowledgement seldom comes just as the topic's next W_SET is read (which would arm a fast poll)."""
+    period, start = 0, time.perf_counter()
+    while not stop.is_set():
+        t = 2_000 + period * 1_000
+        for offset, i in sorted((random.uniform(0, period_s), i) for i in range(len(producers))):
+            if stop.wait(max(0.0, start + offset - time.perf_counter())):
+                return
+            producers[i].new_watermark().event_time(t).send_async()
+        period += 1
+        start += period_s
+        stop.wait(max(0.0, start - time.perf_counter()))
+
+
 def _acknowledging_listener(on_ack: Callable[[pulsar.Message], None]
                             ) -> Callable[[pulsar.Consumer, pulsar.Message], None]:  # fmt: skip
     def listener(consumer: pulsar.Consumer, message: pulsar.Message) -> None:
@@ -340,21 +355,7 @@ def slow_ack(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin
         say(f"  {topics} topics taken over in {takeover:.0f} s; one W_SET per topic per {SLOW_PERIOD_S:.0f} s, "
             f"each acknowledged {SLOW_ACK_DELAY_S:.0f} s after it arrives, for {SLOW_MEASURE_S:.0f} s")  # fmt: skip
 
-        def ticks() -> None:
-            """Each topic sends once a period at a random time of it: a late acknowledgement seldom comes just as
-            the topic's next W_SET is read (which would arm a fast poll that catches it)."""
-            period, start = 0, time.perf_counter()
-            while not stop.is_set():
-                t = 2_000 + period * 1_000
-                for offset, i in sorted((random.uniform(0, SLOW_PERIOD_S), i) for i in range(topics)):
-                    if stop.wait(max(0.0, start + offset - time.perf_counter())):
-                        return
-                    slow.producers[i].new_watermark().event_time(t).send_async()
-                period += 1
-                start += SLOW_PERIOD_S
-                stop.wait(max(0.0, start - time.perf_counter()))
-
-        ticker = threading.Thread(target=ticks, daemon=True)
+        ticker = threading.Thread(target=spread_wsets, args=(slow.producers, SLOW_PERIOD_S, stop), daemon=True)
         ticker.start()
         time.sleep(SLOW_MEASURE_S + SLOW_ACK_DELAY_S + 5)
         stop.set()

@@ -20,7 +20,15 @@ from pathlib import Path
 
 import pulsar
 
-from bench.burst import _acknowledging_listener, _quantiles, _Topics, broker_pid, generator_env, process_cpu_seconds
+from bench.burst import (
+    _acknowledging_listener,
+    _quantiles,
+    _Topics,
+    broker_pid,
+    generator_env,
+    process_cpu_seconds,
+    spread_wsets,
+)
 from bench.common import say
 from bench.generator import Generator, _new_namespace
 from bench.generator_scale import _Latencies
@@ -66,19 +74,8 @@ def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAd
         say(f"  idle: broker {without:.4f} of a core without a generator, {with_gen:.4f} with it")
         say(f"  idle: the generator {gen_idle:.4f} of a core")
 
-        def ticks() -> None:
-            period, start = 0, time.perf_counter()
-            while not stop.is_set():
-                t = 2_000 + period * 1_000
-                for offset, i in sorted((random.uniform(0, PERIOD_S), i) for i in range(topics)):
-                    if stop.wait(max(0.0, start + offset - time.perf_counter())):
-                        return
-                    many.producers[i].new_watermark().event_time(t).send_async()
-                period += 1
-                start += PERIOD_S
-
         measured_from = time.perf_counter()
-        ticker = threading.Thread(target=ticks, daemon=True)
+        ticker = threading.Thread(target=spread_wsets, args=(many.producers, PERIOD_S, stop), daemon=True)
         ticker.start()
         time.sleep(MEASURE_S)
         stop.set()
