@@ -32,8 +32,12 @@ from watermark_core.protocol import GENERATOR_SUBSCRIPTION, INTERNAL_SUBSCRIPTIO
 
 log = logging.getLogger(__name__)
 
-LONG_POLL_MS = 20_000
-"""How long the plugin holds a poll without news (it holds no broker thread meanwhile)."""
+LONG_POLL_MS = 5_000
+"""How long the plugin holds a poll without news (it holds no broker thread meanwhile); below the admin client's
+10 s timeout."""
+GATHER_S = 0.01
+"""After an answer, the next poll waits this long: moves that come together (W_SETs acknowledged at each second's
+start on many topics) then come in one answer, not one each (each costs both sides an HTTP round trip)."""
 RETRY_MAX_S = 5.0
 LOST_AFTER_S = 3.0
 """A broker that has not answered for this long: its topics go back to admin reads until a plugin reports them."""
@@ -248,3 +252,4 @@ class PluginCursors:
             self._count("plugin")
             epoch, seq = str(answer["epoch"]), int(answer["seq"])
             self.loop.post(lambda answer=answer: self._answered(broker, answer))  # type: ignore[misc]
+            self._stopping.wait(GATHER_S)

@@ -14,12 +14,20 @@ public record TopicCursors(
         SortedMap<String, Position> cursors, String owner, Position lastConfirmed, List<Ledger> ledgers, long created) {
 
     /**
-     * Whether a generator must be told: a cursor, the owner or the ledgers changed. A new last entry
-     * alone is not news (it changes with every message published); it is told with the next move.
+     * Whether a generator must be told: an application's cursor, the owner or the ledgers changed. A new
+     * last entry alone is not news (it changes with every message published), nor is the generator's own
+     * cursor moving (it acknowledged a snapshot: it knows); both are told with the next move.
      */
     public boolean movedFrom(TopicCursors before) {
-        return before == null || !cursors.equals(before.cursors) || !java.util.Objects.equals(owner, before.owner)
-                || !ledgers.equals(before.ledgers) || created != before.created;
+        return before == null || !applications().equals(before.applications())
+                || !java.util.Objects.equals(owner, before.owner) || !ledgers.equals(before.ledgers)
+                || created != before.created;
+    }
+
+    private SortedMap<String, Position> applications() {
+        SortedMap<String, Position> others = new java.util.TreeMap<>(cursors);
+        others.remove(BrokerCursors.GENERATOR_SUBSCRIPTION);
+        return others;
     }
 
     /** (ledger id, entry id), as the admin API writes positions. */

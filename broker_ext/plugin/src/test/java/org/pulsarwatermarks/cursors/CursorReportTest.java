@@ -59,6 +59,18 @@ class CursorReportTest {
     }
 
     @Test
+    void theGeneratorsOwnAcknowledgementIsNoNews() {
+        CursorReport report = new CursorReport("run", 10);
+        report.update("a", cursors(3));
+        long known = report.since("run", -1).seq();
+        TreeMap<String, TopicCursors.Position> moved = new TreeMap<>(cursors(3).cursors());
+        moved.put("__wm_generator", new TopicCursors.Position(5, 3));
+        TopicCursors c = cursors(3);
+        report.update("a", new TopicCursors(moved, c.owner(), c.lastConfirmed(), c.ledgers(), c.created()));
+        assertTrue(report.since("run", known).isEmpty());
+    }
+
+    @Test
     void aRemovedTopicIsToldGoneAndComesBackAsChanged() {
         CursorReport report = new CursorReport("run", 10);
         report.update("a", cursors(3));
