@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 import uuid
@@ -199,7 +200,19 @@ def _batches_watermark(client: pulsar.Client, topic: str, data: int) -> Timing:
 Drain = Callable[[pulsar.Client, str, int], Timing]
 
 
-def _ratio(client: pulsar.Client, topic: str, what: str, wrapped_drain: Drain, raw_drain: Drain) -> Timing:
+class Ratio(NamedTuple):
+    """Medians of WatermarkConsumer's rate over the plain client's, per wall and per CPU second, and each round's."""
+
+    wall: float
+    cpu: float
+    walls: list[float]
+    cpus: list[float]
+
+    def rounds(self, which: str = "wall") -> str:
+        return ", ".join(f"{value:.3f}" for value in (self.walls if which == "wall" else self.cpus))
+
+
+def _ratio(client: pulsar.Client, topic: str, what: str, wrapped_drain: Drain, raw_drain: Drain) -> Ratio:
     """WatermarkConsumer's rate over the plain client's doing the same work, same topic, alternating order:
     per wall second, and per CPU second of this process."""
     total = MESSAGES + MESSAGES // 100  # the plain client gets the markers as messages
@@ -216,35 +229,69 @@ def _ratio(client: pulsar.Client, topic: str, what: str, wrapped_drain: Drain, r
             f"({MESSAGES / wrapped.cpu:.0f} per CPU s), plain {MESSAGES / raw.wall:.0f} msg/s "
             f"({MESSAGES / raw.cpu:.0f} per CPU s)"
         )
-        walls.append((1 / wrapped.wall, 1 / raw.wall))
-        cpus.append((1 / wrapped.cpu, 1 / raw.cpu))
-    return Timing(median_ratio(walls), median_ratio(cpus))
+        walls.append(raw.wall / wrapped.wall)
+        cpus.append(raw.cpu / wrapped.cpu)
+    return Ratio(statistics.median(walls), statistics.median(cpus), walls, cpus)
 
 
-def consumer_ratios(client: pulsar.Client) -> dict[str, Timing]:
-    """WatermarkConsumer's rates over the plain client's, reading the same topic (data + markers)."""
+def _first_message_ms(client: pulsar.Client, topic: str, wrapped: bool) -> float:
+    """Milliseconds from constructing a consumer of `topic` (read from its start) to its first message."""
+    name = f"first-{uuid.uuid4().hex[:6]}"
+    started = time.perf_counter()
+    consumer: pulsar.Consumer | WatermarkConsumer
+    if wrapped:
+        consumer = WatermarkConsumer(client, topic, name, initial_position=EARLIEST)
+    else:
+        consumer = client.subscribe(topic, name, initial_position=EARLIEST)
+    consumer.receive(timeout_millis=30_000)
+    elapsed = (time.perf_counter() - started) * 1000
+    consumer.close()
+    return elapsed
+
+
+def start_to_first_message(client: pulsar.Client, topic: str) -> tuple[float, float, list[tuple[float, float]]]:
+    """Medians (WatermarkConsumer, plain) over alternating rounds, and each round's pair, in ms."""
+    pairs = []
+    for round_ in range(ROUNDS):
+        order = [True, False] if round_ % 2 else [False, True]
+        times = {wrapped: _first_message_ms(client, topic, wrapped) for wrapped in order}
+        say(
+            f"start to first message round {round_ + 1}: WatermarkConsumer {times[True]:.1f} ms, "
+            f"plain {times[False]:.1f} ms"
+        )
+        pairs.append((times[True], times[False]))
+    return statistics.median(w for w, _ in pairs), statistics.median(p for _, p in pairs), pairs
+
+
+def consumer_ratios(client: pulsar.Client) -> tuple[dict[str, Ratio], tuple[float, float, list[tuple[float, float]]]]:
+    """WatermarkConsumer's rates over the plain client's, reading the same topic (data + markers); the start to
+    the first message."""
     topic = f"bench-consume-{uuid.uuid4().hex[:8]}"
     producer = WatermarkProducer(
         client, topic, keepalive_interval_ms=None, batching_enabled=True, block_if_queue_full=True
     )
     _produce(producer, MESSAGES, 100)
     producer.close(idle=False)
-    return {
+    ratios = {
         "pull": _ratio(client, topic, "receive", _drain_watermark, _drain_raw),
         "listener": _ratio(client, topic, "listener", _listen_watermark, _listen_raw),
+        "listener_vs_receive": _ratio(client, topic, "listener vs plain receive", _listen_watermark, _drain_raw),
         "batch": _ratio(client, topic, "batch_receive", _batches_watermark, _batches_raw),
         "floor": _ratio(client, topic, "marker-hiding floor", _drain_marker_hiding, _drain_raw),
     }
+    return ratios, start_to_first_message(client, topic)
 
 
 def run(settings: PulsarSettings) -> dict[str, float | int | str]:
     client = settings.client()
     try:
-        consumer = consumer_ratios(client)
+        consumer, (first_wm, first_plain, first_rounds) = consumer_ratios(client)
         producer = producer_ratio(client)
     finally:
         client.close()
-    return {
+    rounds = f"median of {ROUNDS} rounds in alternating order"
+    first = ", ".join(f"{w:.0f}/{p:.0f}" for w, p in first_rounds)
+    figures: dict[str, float | int | str] = {
         "consumer_throughput_ratio": round(consumer["pull"].wall, 3),
         "consumer_throughput_ratio_how": "= consumer_pull_throughput_ratio",
         "consumer_pull_throughput_ratio": round(consumer["pull"].wall, 3),
@@ -280,7 +327,39 @@ def run(settings: PulsarSettings) -> dict[str, float | int | str]:
         "consumer_batch_receive_cpu_ratio_how": "the batch_receive figure's rounds, per CPU second of the process",
         "consumer_marker_hiding_floor_cpu_ratio": round(consumer["floor"].cpu, 3),
         "consumer_marker_hiding_floor_cpu_ratio_how": "the floor's rounds, per CPU second of the reading process",
+        "consumer_listener_vs_plain_receive_ratio": round(consumer["listener_vs_receive"].wall, 3),
+        "consumer_listener_vs_plain_receive_ratio_how": (
+            "same topic; the WatermarkListener (timed from the first message to the last) over the plain client's own "
+            f"receive loop that acknowledges each message (subscribing not timed); {rounds}"
+        ),
+        "consumer_listener_vs_plain_receive_cpu_ratio": round(consumer["listener_vs_receive"].cpu, 3),
+        "consumer_listener_vs_plain_receive_cpu_ratio_how": "the same rounds, per CPU second of the reading process",
+        "consumer_start_to_first_message_ms": round(first_wm, 1),
+        "consumer_start_to_first_message_ms_how": (
+            "the same topic read from its start: from constructing WatermarkConsumer(...) (the companion topic's "
+            f"history read, the subscription made) to its first message from receive(); {rounds} with the plain "
+            f"client (WatermarkConsumer/plain per round, ms: {first})"
+        ),
+        "plain_start_to_first_message_ms": round(first_plain, 1),
+        "plain_start_to_first_message_ms_how": (
+            "the same topic read from its start: from client.subscribe(...) to its first message from receive(); "
+            + rounds
+        ),
         "producer_throughput_ratio": round(producer, 3),
         "producer_throughput_ratio_how": f"{MESSAGES} messages of 100 B, send_async with batching; one W_SET per 100 "
         f"messages over none; median of {ROUNDS} interleaved rounds",
     }
+    keys = {
+        "pull": "consumer_pull_throughput_ratio",
+        "listener": "consumer_listener_throughput_ratio",
+        "listener_vs_receive": "consumer_listener_vs_plain_receive_ratio",
+        "batch": "consumer_batch_receive_ratio",
+        "floor": "consumer_marker_hiding_floor_ratio",
+    }
+    for name, key in keys.items():
+        figures[f"{key}_rounds"] = consumer[name].rounds("wall")
+        figures[f"{key}_rounds_how"] = "each round's ratio per wall second, in the order run"
+        figures[f"{key.removesuffix('_ratio').removesuffix('_throughput')}_cpu_ratio_rounds"] = consumer[name].rounds(
+            "cpu"
+        )
+    return figures

@@ -70,8 +70,11 @@ def write_results(figures: dict[str, float | int | str]) -> None:
 
 GOALS = {
     "consumer_throughput_ratio": ">= 0.9",
-    "consumer_pull_throughput_ratio": ">= 0.9",
+    "consumer_pull_throughput_ratio": ">= 0.75",
+    "consumer_pull_cpu_ratio": ">= 0.8",
+    "consumer_batch_receive_ratio": ">= 0.8",
     "consumer_listener_throughput_ratio": ">= 0.9",
+    "consumer_listener_vs_plain_receive_ratio": ">= 0.9",
     "producer_throughput_ratio": ">= 0.98",
     "watermark_latency_p50_ms": "< 200",
     "watermark_latency_p99_ms": "< 500",
