@@ -99,11 +99,16 @@ GOALS = {
     "sink_exactly_once_vs_at_least_once_rate": ">= 0.8",
     "snapshot_bytes_10000_producers": "<= 16384",
     "generator_memory_abandoned_subscription_ratio": "<= 2",
-    "generator_cpu_ms_per_wset_burst": "<= 0.5",
-    "broker_extra_cpu_ms_per_wset_burst": "<= 0.5",
+    "generator_cpu_ms_per_wset_burst": "<= 0.3",
+    "broker_extra_cpu_ms_per_wset_burst": "<= 0.2",
     "watermark_latency_burst_p50_ms": "<= 150",
-    "watermark_latency_burst_p99_ms": "<= 400",
-    "watermark_latency_slow_ack_1000_topics_p99_ms": "<= 2000",
+    "watermark_latency_burst_p99_ms": "<= 300",
+    "watermark_latency_slow_ack_1000_topics_p99_ms": "<= 300",
+    "generator_idle_cpu_5000_topics": "<= 0.05",
+    "broker_extra_idle_cpu_5000_topics": "<= 0.02",
+    "watermark_latency_5000_topics_p99_ms": "<= 500",
+    "first_watermark_new_topic_p50_ms": "<= 1000",
+    "first_watermark_new_topic_max_ms": "<= 2000",
 }
 
 
