@@ -321,7 +321,9 @@ def _write_entries(client: pulsar.Client, topic: str, partitions: int, rows: ran
 
     written = []
     for partition in range(partitions):
-        producer = client.create_producer(partition_name(topic, partition), batching_enabled=False)
+        # blocking when the client's queue (1000 by default) is full: a send_async that fails is lost unseen
+        producer = client.create_producer(partition_name(topic, partition), batching_enabled=False,
+                                          block_if_queue_full=True)  # fmt: skip
         for row in rows:
             payload = f"{partition}-{row:05d}"
             producer.send_async(payload.encode(), None)
