@@ -85,6 +85,7 @@ GOALS = {
     "spark_close_from_wset_p50_ms": "<= 2000",
     "spark_close_from_wset_p99_ms": "<= 3000",
     "spark_source_steady_vs_readers_ratio": ">= 1.0",
+    "spark_source_vs_client_batch_ratio": ">= 0.6",
     "demo_ontime_rows_dropped_broker": "0",
     "generator_idle_cpu_1000_partitions": "<= 0.05",
     "generator_threads_1000_partitions": "<= 50, within 10% of 10 partitions",

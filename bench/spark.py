@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import threading
@@ -12,7 +13,7 @@ from typing import Any
 
 import pulsar
 
-from bench.common import say
+from bench.common import median_ratio, say
 from consumer.watermark_feed import WatermarkFeed
 from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
@@ -233,10 +234,11 @@ def window_close_latency(spark: Any, client: pulsar.Client, admin: PulsarAdmin) 
     }
 
 
-def _fill(client: pulsar.Client, topic: str, count: int) -> None:
-    """`count` messages of 100 B, one per entry (no batching: an entry is an offset), over both partitions."""
+def _fill(client: pulsar.Client, topic: str, count: int, batching: bool = False) -> None:
+    """`count` messages of 100 B over both partitions, one per entry (no batching: an entry is an offset) or
+    in the producer's default batches (`batching`: up to 1000 messages an entry)."""
     producer = client.create_producer(
-        topic, batching_enabled=False, block_if_queue_full=True, max_pending_messages=5000,
+        topic, batching_enabled=batching, block_if_queue_full=True, max_pending_messages=5000,
         message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
     )  # fmt: skip
     payload = b"x" * 100
@@ -342,15 +344,102 @@ def source_vs_readers(spark: Any, client: pulsar.Client, admin: PulsarAdmin) -> 
     }
 
 
+SOURCE_ROWS = 1_000_000
+SOURCE_ROUNDS = 3
+
+
+def _client_batch_receive(client: pulsar.Client, topic: str, count: int) -> float:
+    """Rows/s of one plain consumer (this process) doing `batch_receive` over the whole topic, each message
+    acknowledged, from its first call to its `count`-th message (subscribing is not timed)."""
+    consumer = client.subscribe(
+        topic, f"bench-plain-{uuid.uuid4().hex[:6]}", initial_position=pulsar.InitialPosition.Earliest
+    )
+    started = time.perf_counter()
+    received = 0
+    while received < count:
+        for message in consumer.batch_receive():
+            consumer.acknowledge(message)
+            received += 1
+    elapsed = time.perf_counter() - started
+    consumer.close()
+    return count / elapsed
+
+
+def _source_one_batch(spark: Any, topic: str, count: int) -> float:
+    """Rows/s of a query reading the whole topic in one micro-batch (Trigger.AvailableNow, no limit) to Spark's
+    no-op sink: the rows over the batch's `triggerExecution` (its planning, reading and writing)."""
+    query = (
+        spark.readStream.format("pulsar-watermark")
+        .option("topic", topic)
+        .option("subscription", f"bench-source-{uuid.uuid4().hex[:6]}")
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", tempfile.mkdtemp(prefix="wm-bench-source-"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(600)
+    if query.exception() is not None:
+        raise RuntimeError(f"the source bench's query failed: {query.exception()}")
+    batches = [batch for batch in query.recentProgress if batch["numInputRows"] > 0]
+    assert len(batches) == 1, f"{len(batches)} batches with rows, not one"
+    rows, millis = int(batches[0]["numInputRows"]), int(batches[0]["durationMs"]["triggerExecution"])
+    assert rows == count, f"the source read {rows} of {count}"
+    say(f"    source batch: {rows} rows, phases ms {batches[0]['durationMs']}")
+    return rows / (millis / 1000)
+
+
+def source_vs_client_batch(spark: Any, client: pulsar.Client, admin: PulsarAdmin) -> dict[str, float | int | str]:
+    """The source's rows/s in one micro-batch against one plain `batch_receive` reader over the same topic."""
+    import spark_sink
+
+    spark_sink.register(spark)
+    topic = f"persistent://public/default/bench-source-{uuid.uuid4().hex[:6]}"
+    admin.create_topic(topic, partitions=2)
+    say(f"  writing {SOURCE_ROWS} messages")
+    _fill(client, topic, SOURCE_ROWS, batching=True)
+    # Untimed: the broker's first read of a topic is slow, and so is a session's first query.
+    _client_batch_receive(client, topic, SOURCE_ROWS)
+    _source_one_batch(spark, topic, SOURCE_ROWS)
+    pairs: list[tuple[float, float]] = []
+    for round_ in range(SOURCE_ROUNDS):
+        if round_ % 2 == 0:
+            plain = _client_batch_receive(client, topic, SOURCE_ROWS)
+            source = _source_one_batch(spark, topic, SOURCE_ROWS)
+        else:
+            source = _source_one_batch(spark, topic, SOURCE_ROWS)
+            plain = _client_batch_receive(client, topic, SOURCE_ROWS)
+        pairs.append((source, plain))
+        say(f"  round {round_}: source {source:.0f} rows/s, plain batch_receive {plain:.0f} rows/s")
+    return {
+        "spark_source_vs_client_batch_ratio": round(median_ratio(pairs), 3),
+        "spark_source_vs_client_batch_ratio_how": (
+            f"{SOURCE_ROWS} messages of 100 B in the producer's default batches on a 2-partition topic; rows/s of a "
+            "streaming query reading all of them in one micro-batch (pulsar-watermark source, Trigger.AvailableNow, "
+            "Spark's noop sink, local[2]; the rows over the batch's triggerExecution) over one plain consumer "
+            "in one process doing pulsar-client batch_receive (default policy) and acknowledging each message; "
+            f"median of {SOURCE_ROUNDS} interleaved rounds, after an untimed pass of each (the broker's and the "
+            "session's first reads are slow)"
+        ),
+        "spark_source_one_batch_rows_per_s": round(statistics.median(source for source, _ in pairs)),
+        "client_batch_receive_rows_per_s": round(statistics.median(plain for _, plain in pairs)),
+    }
+
+
 def run(settings: PulsarSettings) -> dict[str, float | int | str]:
     spark = _session(settings)
     client = settings.client()
     admin = PulsarAdmin(settings)
     try:
+        if os.environ.get("WM_BENCH_SPARK") == "source":  # only the one-batch figure: quick iterations
+            say("Spark: the source in one batch against a plain batch_receive")
+            return source_vs_client_batch(spark, client, admin)
         # The rate run first: it also warms the session's JVM, whose first query runs each batch 150-200 ms
         # slower than any later one (docs/DECISIONS.md, Spark), which a long-running query does not pay.
         say("Spark: source rate against plain readers")
         figures = source_vs_readers(spark, client, admin)
+        say("Spark: the source in one batch against a plain batch_receive")
+        figures.update(source_vs_client_batch(spark, client, admin))
         say("Spark: window close latency from the W_SET")
         figures.update(window_close_latency(spark, client, admin))
     finally:

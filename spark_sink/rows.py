@@ -169,6 +169,12 @@ def read_range(options: SourceOptions, part: TopicRange, rows: ArrowRows) -> Ite
     # The client's own reader under its Python wrapper: the same calls, without a wrapper object and
     # an extra Python frame per message and accessor.
     read_next = getattr(getattr(reader, "_reader", None), "read_next", None) or reader.read_next
+    # A message of a batched entry whose batch index follows the previous message's is of the same entry (a reader
+    # gets an entry's messages in order and none of them skipped): its position was checked with its predecessor's,
+    # and its entry, producer and publish time are the entry's. So such a message costs four binding calls fewer.
+    previous_index = -2
+    entry = (-1, -1)
+    producer, published = "", 0
     done = False
     try:
         while True:
@@ -180,14 +186,17 @@ def read_range(options: SourceOptions, part: TopicRange, rows: ArrowRows) -> Ite
                 except pulsar.Timeout:
                     raise RuntimeError(f"{name}: messages up to {end} were not readable within 30 s") from None
             msg_id = message.message_id()
-            entry = (msg_id.ledger_id(), msg_id.entry_id())
-            if entry <= start:
-                message = None
-                continue
-            if entry > end:
-                break  # `message` is the next range's first: kept with the reader
-            properties = message.properties()
             batch_index = msg_id.batch_index()
+            if batch_index <= 0 or batch_index != previous_index + 1:
+                entry = (msg_id.ledger_id(), msg_id.entry_id())
+                if entry <= start:
+                    message = None
+                    continue
+                if entry > end:
+                    break  # `message` is the next range's first: kept with the reader
+                producer, published = message.producer_name(), message.publish_timestamp()
+            previous_index = batch_index
+            properties = message.properties()
             if not properties or MARKER_PROPERTY not in properties:
                 if properties:  # most messages have none: then only their offset is recorded
                     property_keys.extend(properties)
@@ -197,11 +206,11 @@ def read_range(options: SourceOptions, part: TopicRange, rows: ArrowRows) -> Ite
                 keys.append(message.partition_key())
                 values.append(message.data())
                 event_times.append(message.event_timestamp())
-                publish_times.append(message.publish_timestamp())
+                publish_times.append(published)
                 ledgers.append(entry[0])
                 entries.append(entry[1])
                 batch_indexes.append(batch_index)
-                producers.append(message.producer_name())
+                producers.append(producer)
                 if len(values) >= ROWS_PER_ARROW_BATCH:
                     yield rows.batch()
                     properties_so_far = 0

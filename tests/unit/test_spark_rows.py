@@ -92,8 +92,8 @@ def test_before_any_watermark_nothing_is_late() -> None:
 
 
 class FakeId:
-    def __init__(self, entry: int) -> None:
-        self.entry = entry
+    def __init__(self, entry: int, index: int = -1) -> None:
+        self.entry, self.index = entry, index
 
     def ledger_id(self) -> int:
         return 7
@@ -102,14 +102,14 @@ class FakeId:
         return self.entry
 
     def batch_index(self) -> int:
-        return -1
+        return self.index
 
 
 class FakeMessage:
     """What the client's binding hands out, with the accessors the read loop calls."""
 
-    def __init__(self, entry: int, properties: dict[str, str]) -> None:
-        self.id, self.props = FakeId(entry), properties
+    def __init__(self, entry: int, properties: dict[str, str], index: int = -1) -> None:
+        self.id, self.props = FakeId(entry, index), properties
 
     def message_id(self) -> FakeId:
         return self.id
@@ -127,10 +127,10 @@ class FakeMessage:
         return BASE + self.id.entry
 
     def publish_timestamp(self) -> int:
-        return BASE
+        return BASE + 1000 * self.id.entry
 
     def producer_name(self) -> str:
-        return "p"
+        return f"p{self.id.entry}"
 
 
 class FakeReader:
@@ -170,3 +170,26 @@ def test_a_range_is_read_with_markers_hidden_and_each_rows_properties(
     assert got["late"] == [True, True, False, False, False]  # event times below BASE + 5
     kept = clients.take_reader(options.settings(), options.client_options, T, (7, 7))
     assert kept is not None and kept.pending is None  # a whole entry at the end: nothing read past it
+
+
+def test_the_messages_of_batched_entries_each_take_their_entrys_position_producer_and_publish_time() -> None:
+    from spark_sink import clients, rows
+    from spark_sink.options import SourceOptions
+
+    # entries 1 to 4 of three messages each, the second of entry 2 a marker; the range is (7, 1] to (7, 3]
+    messages = [
+        FakeMessage(entry, {"wm.marker": "W_SET"} if (entry, index) == (2, 1) else {}, index)
+        for entry in range(1, 5) for index in range(3)
+    ]  # fmt: skip
+    options = SourceOptions({"topic": T, "subscription": "s", "serviceUrl": "pulsar://localhost:6650",
+                             "adminUrl": "http://localhost:8080"})  # fmt: skip
+    part = TopicRange((T, -1), (7, 1), (7, 3), None, None, False)
+    clients.keep_reader(options.settings(), options.client_options, T, FakeReader(messages), (7, 1))
+    batches = list(rows.read_range(options, part, ArrowRows(SPARK_SCHEMA, part)))
+    got: dict[str, list[Any]] = {name: [v for b in batches for v in b.column(name).to_pylist()] for name in
+                                 ("message_id", "producer", "publish_time")}  # fmt: skip
+    assert got["message_id"] == ["7:2:0", "7:2:2", "7:3:0", "7:3:1", "7:3:2"]
+    assert got["producer"] == ["p2", "p2", "p3", "p3", "p3"]
+    assert [int(t.timestamp() * 1000) - BASE for t in got["publish_time"]] == [2000, 2000, 3000, 3000, 3000]
+    kept = clients.take_reader(options.settings(), options.client_options, T, (7, 3))
+    assert kept is not None and kept.pending is not None and kept.pending.id.entry == 4  # read past the end
