@@ -105,6 +105,23 @@ class PulsarAdmin:
                 self._fast_connections.append(connection)
         return connection
 
+    def _keep_alive_get(
+        self, origin: str, target: str, headers: dict[str, str]
+    ) -> tuple[http.client.HTTPResponse, bytes]:
+        """GET `target` on this thread's keep-alive connection to `origin`, once more on a connection the server
+        had closed; the second failure (or a timeout) is raised as the client raised it."""
+        for attempt in (1, 2):
+            connection = self._connection(origin)
+            try:
+                connection.request("GET", target, headers=headers)
+                response = connection.getresponse()
+                return response, response.read()
+            except (http.client.HTTPException, OSError) as exc:
+                connection.close()
+                if attempt == 2 or isinstance(exc, TimeoutError):
+                    raise
+        raise AssertionError("not reached: the second attempt returns or raises")
+
     def _get(self, path: str, params: dict[str, str] | None = None) -> Any:
         return self._on_any_broker(lambda: self._get_once(path, params))
 
@@ -137,23 +154,16 @@ class PulsarAdmin:
             parts = urlsplit(url)
             origin = f"{parts.scheme}://{parts.netloc}"
             target = parts.path + (f"?{parts.query}" if parts.query else "")
-            for attempt in (1, 2):
-                connection = self._connection(origin)
-                try:
-                    connection.request("GET", target, headers=headers)
-                    response = connection.getresponse()
-                    body = response.read()
-                    break
-                except (http.client.HTTPException, OSError) as exc:
-                    connection.close()
-                    if attempt == 2 or isinstance(exc, TimeoutError):
-                        self._owners.pop(owner_key, None)  # a broker gone: ask the list again next time
-                        if origin == _origin(base):
-                            self._next_base(base)
-                        raise BrokerUnreachable(
-                            f"Pulsar admin API at {origin} does not answer ({type(exc).__name__}); "
-                            "start the cluster with 'make cluster-up' or set PULSAR_ADMIN_URL"
-                        ) from exc
+            try:
+                response, body = self._keep_alive_get(origin, target, headers)
+            except (http.client.HTTPException, OSError) as exc:
+                self._owners.pop(owner_key, None)  # a broker gone: ask the list again next time
+                if origin == _origin(base):
+                    self._next_base(base)
+                raise BrokerUnreachable(
+                    f"Pulsar admin API at {origin} does not answer ({type(exc).__name__}); "
+                    "start the cluster with 'make cluster-up' or set PULSAR_ADMIN_URL"
+                ) from exc
             location = response.getheader("Location")
             if response.status not in REDIRECTS or not location:
                 break
@@ -494,17 +504,10 @@ class PulsarAdmin:
         does not serve it."""
         query = urlencode({"epoch": epoch, "since": str(since), "timeoutMs": str(timeout_ms)})
         headers = {"Accept": "application/json", **self.settings.admin_headers()}
-        for attempt in (1, 2):
-            connection = self._connection(broker)
-            try:
-                connection.request("GET", f"{PLUGIN_CHANGES_PATH}?{query}", headers=headers)
-                response = connection.getresponse()
-                body = response.read()
-                break
-            except (http.client.HTTPException, OSError) as exc:
-                connection.close()
-                if attempt == 2 or isinstance(exc, TimeoutError):
-                    raise BrokerUnreachable(f"the broker at {broker} does not answer ({type(exc).__name__})") from exc
+        try:
+            response, body = self._keep_alive_get(broker, f"{PLUGIN_CHANGES_PATH}?{query}", headers)
+        except (http.client.HTTPException, OSError) as exc:
+            raise BrokerUnreachable(f"the broker at {broker} does not answer ({type(exc).__name__})") from exc
         url = f"{broker}{PLUGIN_CHANGES_PATH}"
         if response.status == 404:
             raise PluginMissing(f"{url} answered 404", 404)
