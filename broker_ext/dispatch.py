@@ -39,9 +39,17 @@ from watermark_core.protocol import (
 
 log = logging.getLogger(__name__)
 
-COMPACT_EVERY_EVENTS = 200
-COMPACT_EVERY_S = 60.0
+COMPACT_EVERY_EVENTS = 1_000
+COMPACT_EVERY_S = 600.0
+"""A companion topic is compacted after this many events or this long after the last compaction: a consumer that
+attaches reads at most that much history, and the broker (which rewrites the topic each time) is not made to
+compact thousands of topics every minute."""
 RETRY_S = 1.0
+
+
+def compaction_due(events_since: int, compacted_at: float, now: float, first_of_run: bool) -> bool:
+    """Whether to compact a companion topic after its latest event (monotonic seconds)."""
+    return first_of_run or events_since >= COMPACT_EVERY_EVENTS or now - compacted_at >= COMPACT_EVERY_S
 
 
 @dataclass
@@ -79,7 +87,7 @@ class Companion:
     waiting: list[PublishTable | HeadWatermark] = field(default_factory=list)
     sent: LatestSent = field(default_factory=LatestSent)
     since_compaction: int = 0
-    compacted_at: float = 0.0
+    compacted_at: float = field(default_factory=time.monotonic)
 
 
 class WatermarkDispatcher:
@@ -102,6 +110,8 @@ class WatermarkDispatcher:
         self._companions: dict[str, Companion] = {}
         self._created = 0
         self._compaction_refused = False
+        self._compaction_tried = False
+        """The run's first event triggers one compaction: whether this role may is known (and said) at once."""
         self._failures_logged = False
 
     def publish(self, table: PublishTable) -> None:
@@ -290,14 +300,11 @@ class WatermarkDispatcher:
     def _maybe_compact(self, companion: Companion) -> None:
         companion.since_compaction += 1
         now = time.monotonic()
-        due = (
-            companion.compacted_at == 0.0
-            or companion.since_compaction >= COMPACT_EVERY_EVENTS
-            or now - companion.compacted_at >= COMPACT_EVERY_S
-        )
+        due = compaction_due(companion.since_compaction, companion.compacted_at, now, not self._compaction_tried)
         if not due or self._compaction_refused:
             return
         companion.since_compaction, companion.compacted_at = 0, now
+        self._compaction_tried = True
         self._pool.submit(self._compact, companion.topic)
 
     def _compact(self, topic: str) -> None:

@@ -1,8 +1,8 @@
-"""Which failed sends the dispatcher sends again: only the latest table or head event of a partition."""
+"""What the dispatcher sends again (only the latest table or head of a partition), and when it compacts."""
 
 from __future__ import annotations
 
-from broker_ext.dispatch import LatestSent
+from broker_ext.dispatch import COMPACT_EVERY_EVENTS, COMPACT_EVERY_S, LatestSent, compaction_due
 from broker_ext.engine.vocabulary import PublishTable
 from watermark_core.protocol import HeadWatermark, WatermarkEvent
 
@@ -50,3 +50,12 @@ def test_nothing_sent_means_nothing_to_send_again() -> None:
     sent = LatestSent()
     assert not sent.resend_table(table(0, 1))
     assert not sent.resend_head(head(0, 1))
+
+
+def test_a_companion_topic_is_compacted_every_thousand_events_or_ten_minutes_not_at_each_take_over() -> None:
+    created = 100.0
+    assert compaction_due(1, created, created + 1, first_of_run=True)  # once a run: is this role allowed to?
+    assert not compaction_due(1, created, created + 1, first_of_run=False)  # a take-over of 5000 topics: none
+    assert not compaction_due(COMPACT_EVERY_EVENTS - 1, created, created + COMPACT_EVERY_S - 1, first_of_run=False)
+    assert compaction_due(COMPACT_EVERY_EVENTS, created, created + 1, first_of_run=False)
+    assert compaction_due(1, created, created + COMPACT_EVERY_S, first_of_run=False)

@@ -18,8 +18,8 @@ import org.apache.pulsar.common.api.proto.CommandAck;
  * <p>The broker loads interceptors and servlets in class loaders of their own, so the servlet, which
  * keeps the report, hands this interceptor a {@code Consumer<String>} (a JDK type both loaders share)
  * through {@link #accept}. {@code messageAcked} runs after the cursor's mark-delete position moved in
- * memory; seeks and admin calls (reset, expiry, unsubscribe, unload, delete) ask for a sweep, since
- * the cursor moves after the hook.
+ * memory; seeks ask for a sweep and admin calls (reset, expiry, unsubscribe, unload, delete) for a read
+ * of the topic they name ({@link AdminRequests}), a little later, since the cursor moves after the hook.
  */
 public final class CursorInterceptor implements BrokerInterceptor, Consumer<Consumer<String>> {
     private volatile Consumer<String> listener = topic -> {};
@@ -76,9 +76,13 @@ public final class CursorInterceptor implements BrokerInterceptor, Consumer<Cons
 
     @Override
     public void onWebserviceResponse(ServletRequest request, ServletResponse response) {
-        if (request instanceof HttpServletRequest http && !"GET".equals(http.getMethod())
-                && http.getRequestURI() != null && http.getRequestURI().startsWith("/admin/")) {
-            listener.accept(CursorTracker.EVERYTHING); // a reset, expiry, skip, unsubscribe, unload or delete
+        if (request instanceof HttpServletRequest http) {
+            String touched = AdminRequests.touched(http.getMethod(), http.getRequestURI());
+            if (CursorTracker.EVERYTHING.equals(touched)) {
+                listener.accept(touched); // a namespace-wide call: any topic may have moved
+            } else if (touched != null) {
+                listener.accept(CursorTracker.AFTER_ADMIN + touched); // a reset, skip, expiry, unload or delete
+            }
         }
     }
 

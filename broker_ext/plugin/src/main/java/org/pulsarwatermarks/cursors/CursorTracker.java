@@ -19,7 +19,8 @@ import org.slf4j.LoggerFactory;
  *
  * <p>A topic named by the interceptor (an acknowledgement, a consumer come or gone) is read a few
  * milliseconds later, coalescing a burst; anything else (a seek, an admin call such as a reset, an
- * unload or a deletion) asks for a sweep of every loaded topic soon; and a sweep every
+ * unload or a deletion) reads the topic it names soon after (a namespace-wide call: a sweep of every
+ * loaded topic); and a sweep every
  * {@code sweepIntervalMs} catches what passes no hook at all (message expiry, a topic unloaded by the
  * load manager). Only topics with a {@code __wm_generator} subscription are read: others cost a map
  * lookup per acknowledgement and nothing else.
@@ -28,6 +29,8 @@ final class CursorTracker implements AutoCloseable {
     static final String EVERYTHING = "*";
     /** Before a topic's name: a producer or consumer appeared there and no generator follows it. */
     static final String FRESH = "+";
+    /** Before a topic's name: an admin call on it; its cursors move after the hook, so it is read a little later. */
+    static final String AFTER_ADMIN = "~";
     private static final Logger log = LoggerFactory.getLogger(CursorTracker.class);
     private static final long COALESCE_MS = 2;
     private static final long[] SWEEPS_AFTER_ADMIN_MS = {100, 600};
@@ -62,6 +65,13 @@ final class CursorTracker implements AutoCloseable {
             }
             return;
         }
+        if (topic.startsWith(AFTER_ADMIN)) {
+            String name = topic.substring(AFTER_ADMIN.length());
+            for (long delay : SWEEPS_AFTER_ADMIN_MS) {
+                thread.schedule(() -> readAfterAdmin(name), delay, TimeUnit.MILLISECONDS);
+            }
+            return;
+        }
         if (EVERYTHING.equals(topic)) {
             for (long delay : SWEEPS_AFTER_ADMIN_MS) {
                 thread.schedule(this::sweep, delay, TimeUnit.MILLISECONDS);
@@ -77,18 +87,33 @@ final class CursorTracker implements AutoCloseable {
     private void readTouched() {
         readScheduled.set(false); // before draining: a topic touched from now on schedules another read
         for (String topic : drain()) {
-            try {
-                Optional<Topic> loaded = broker.getTopicReference(topic);
-                TopicCursors cursors = loaded.isPresent() && loaded.get() instanceof PersistentTopic persistent
-                        ? BrokerCursors.read(persistent) : null;
-                if (cursors != null) {
-                    report.update(topic, cursors);
-                } else {
-                    report.remove(topic);
-                }
-            } catch (RuntimeException e) {
-                log.warn("watermark-cursors: reading {} failed; the next sweep reads it again", topic, e);
+            read(topic);
+        }
+    }
+
+    /** The topic an admin call named, and its partitions if it is a partitioned topic's name. */
+    private void readAfterAdmin(String topic) {
+        read(topic);
+        String partitions = topic + "-partition-";
+        for (String present : report.present()) {
+            if (present.startsWith(partitions)) {
+                read(present);
             }
+        }
+    }
+
+    private void read(String topic) {
+        try {
+            Optional<Topic> loaded = broker.getTopicReference(topic);
+            TopicCursors cursors = loaded.isPresent() && loaded.get() instanceof PersistentTopic persistent
+                    ? BrokerCursors.read(persistent) : null;
+            if (cursors != null) {
+                report.update(topic, cursors);
+            } else {
+                report.remove(topic);
+            }
+        } catch (RuntimeException e) {
+            log.warn("watermark-cursors: reading {} failed; the next sweep reads it again", topic, e);
         }
     }
 
