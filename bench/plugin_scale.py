@@ -39,6 +39,7 @@ from pulsar_access.settings import PulsarSettings
 
 TOPICS = 5000
 IDLE_S = 30.0
+SETTLE_S = 20.0
 PERIOD_S = 10.0
 MEASURE_S = 40.0
 FEEDS = 100
@@ -66,7 +67,7 @@ def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAd
         gen = Generator(settings, namespace, log_dir, generator_env("auto"))
         takeover = gen.wait_published(topics, within_s=1200)
         say(f"  the generator took over {topics} topics in {takeover:.0f} s")
-        time.sleep(10)  # the last snapshots and tables of the take-over
+        time.sleep(SETTLE_S)  # the take-over's tail: each topic's snapshot, 10 s after its last message
         cpu, gen_cpu = process_cpu_seconds(broker), gen.cpu_seconds()
         time.sleep(IDLE_S)
         with_gen = (process_cpu_seconds(broker) - cpu) / IDLE_S
@@ -100,7 +101,9 @@ def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAd
         f"consumer acknowledging at once), one W_SET each, then nothing: the generator's process CPU over "
         f"{IDLE_S:.0f} s after its take-over, in shares of a core; broker_extra_idle_cpu_5000_topics is the "
         f"standalone broker's CPU over {IDLE_S:.0f} s with the generator minus over {IDLE_S:.0f} s before it "
-        "started (same topics, producers, consumers and feeds attached); cursor positions from the broker plugin",
+        f"started (same topics, producers, consumers and feeds attached); measured from {SETTLE_S:.0f} s after the "
+        "take-over (each topic's snapshot is written 10 s after its last message); cursor positions from the broker "
+        "plugin",
         "watermark_latency_5000_topics_p99_ms_how": f"the same {topics} topics, then one W_SET per topic every "
         f"{PERIOD_S:.0f} s at a random time of each period for {MEASURE_S:.0f} s, each acknowledged at once: from "
         f"that acknowledge() to the value at its WatermarkFeed, sampled on {FEEDS} topics; {samples} samples",
