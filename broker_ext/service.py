@@ -94,6 +94,8 @@ class GeneratorService:
         )
         self.partitions: dict[str, PartitionIO] = {}
         """Every partition followed, by topic name; touched only on the loop's thread."""
+        self._followed_at: dict[str, float] = {}
+        """When each partition was followed (monotonic; loop thread): a list asked for before it does not drop it."""
         self._stop = threading.Event()
         self._discover_now = threading.Event()
         """Set to look at the topic list before the next discovery interval (a new topic, stopping)."""
@@ -124,26 +126,35 @@ class GeneratorService:
 
     def sync_partitions(self) -> None:
         """Follow new partitions, drop those of deleted topics (on the loop), subscribe where that failed."""
+        listed_at = time.monotonic()
         wanted = self.partition_topics()
-        self.loop.post(lambda: self._sync(wanted))
+        self.loop.post(lambda: self._sync(wanted, listed_at))
 
-    def _sync(self, wanted: set[str]) -> None:
+    def _sync(self, wanted: set[str], listed_at: float) -> None:
         for topic in [t for t, p in self.partitions.items() if p.closed]:  # restarted (a re-created topic)
             del self.partitions[topic]
-        for topic in sorted(wanted - self.partitions.keys()):
-            log.info("following %s", topic)
-            partition = PartitionIO(topic, self.ctx)
-            self.partitions[topic] = partition
-            self.cursors.add(partition)
-            partition.subscribe()
-        for topic in sorted(self.partitions.keys() - wanted):
+            self._followed_at.pop(topic, None)
+        self._follow(wanted)
+        # a topic followed since the list was asked for (a plugin announced it) is not in it yet, not gone
+        for topic in sorted(t for t in self.partitions.keys() - wanted if self._followed_at.get(t, 0.0) < listed_at):
             log.info("%s is gone; no longer following it", topic)
             gone = self.partitions.pop(topic)
+            self._followed_at.pop(topic, None)
             gone.close()
             if not any(p.base_topic == gone.base_topic for p in self.partitions.values()):
                 self.dispatcher.forget(gone.base_topic)
         for partition in self.partitions.values():
             partition.subscribe()  # again, where it failed (a broker away)
+
+    def _follow(self, topics: set[str]) -> None:
+        """Follow the partitions not followed yet (on the loop)."""
+        for topic in sorted(topics - self.partitions.keys()):
+            log.info("following %s", topic)
+            partition = PartitionIO(topic, self.ctx)
+            self.partitions[topic] = partition
+            self._followed_at[topic] = time.monotonic()
+            self.cursors.add(partition)
+            partition.subscribe()
 
     def head_position(self, topic: str) -> Position | None:
         """How far the engine of `topic` has read (for benchmarks; a racy read from another thread)."""
@@ -192,11 +203,18 @@ class GeneratorService:
         self.close()
 
     def _fresh_topics(self, topics: list[str]) -> None:
-        """A broker's plugin saw a producer or consumer on topics no generator follows: discover now if one may be
-        ours (a namespace or topic we follow), so its first watermark does not wait for the next interval."""
-        ours = set(self.config.namespaces)
+        """A broker's plugin saw a producer or consumer on topics no generator follows (on the loop): follow those
+        that are ours (in a namespace or of a topic we follow) at once, so a new topic's first watermark waits for
+        no look at the topic list; the next look, soon after, confirms them."""
+        namespaces = set(self.config.namespaces)
         named = {full_name(t) for t in self.config.topics}
-        if any(TopicName.parse(t).tenant_namespace in ours or t.split("-partition-")[0] in named for t in topics):
+        ours = {
+            t for t in topics
+            if (TopicName.parse(t).tenant_namespace in namespaces or t.split("-partition-")[0] in named)
+            and is_followable(t, self.config.watermark_namespace)
+        }  # fmt: skip
+        if ours:
+            self._follow(ours)
             self._discover_now.set()
 
     def _discovery_failed(self, exc: AdminError) -> None:

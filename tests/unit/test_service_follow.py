@@ -1,0 +1,46 @@
+"""Topics a broker's plugin announces are followed at once, and a topic list asked for before that does not drop them.
+
+The service is built against nothing (its client connects lazily); no broker is involved: only the bookkeeping of which
+partitions are followed, on what would be the loop's thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from broker_ext.config import GeneratorConfig
+from broker_ext.service import GeneratorService
+from pulsar_access.settings import PulsarSettings
+
+OURS = "persistent://acme/orders/clicks"
+
+
+@pytest.fixture
+def service() -> Iterator[GeneratorService]:
+    config = GeneratorConfig(namespaces=("acme/orders",), cursor_source="admin", metrics_port=0)
+    service = GeneratorService(config, PulsarSettings("pulsar://127.0.0.1:1", "http://127.0.0.1:1"))
+    yield service
+    for partition in service.partitions.values():
+        partition.closed = True
+    service.pool.shutdown(wait=False, cancel_futures=True)
+    service.admin_pool.shutdown(wait=False, cancel_futures=True)
+    service.client.close()
+
+
+def test_an_announced_topic_of_ours_is_followed_at_once_and_others_are_not(service: GeneratorService) -> None:
+    service._fresh_topics([OURS, "persistent://acme/other/x", "persistent://acme/orders/__internal"])
+    assert set(service.partitions) == {OURS}
+
+
+def test_a_list_asked_for_before_the_announcement_does_not_drop_the_topic_a_later_one_does(
+    service: GeneratorService,
+) -> None:
+    listed_before = time.monotonic()
+    service._fresh_topics([OURS])
+    service._sync(set(), listed_before)  # the list did not have it yet
+    assert OURS in service.partitions
+    service._sync(set(), time.monotonic())  # asked for after: the topic is gone
+    assert OURS not in service.partitions
