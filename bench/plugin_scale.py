@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import threading
@@ -68,12 +69,13 @@ def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAd
         takeover = gen.wait_published(topics, within_s=1200)
         say(f"  the generator took over {topics} topics in {takeover:.0f} s")
         time.sleep(SETTLE_S)  # the take-over's tail: each topic's snapshot, 10 s after its last message
-        cpu, gen_cpu = process_cpu_seconds(broker), gen.cpu_seconds()
+        cpu, gen_cpu, own_cpu = process_cpu_seconds(broker), gen.cpu_seconds(), process_cpu_seconds(os.getpid())
         time.sleep(IDLE_S)
         with_gen = (process_cpu_seconds(broker) - cpu) / IDLE_S
         gen_idle = (gen.cpu_seconds() - gen_cpu) / IDLE_S
+        clients_idle = (process_cpu_seconds(os.getpid()) - own_cpu) / IDLE_S
         say(f"  idle: broker {without:.4f} of a core without a generator, {with_gen:.4f} with it")
-        say(f"  idle: the generator {gen_idle:.4f} of a core")
+        say(f"  idle: the generator {gen_idle:.4f} of a core; this process's plain clients {clients_idle:.4f}")
 
         measured_from = time.perf_counter()
         ticker = threading.Thread(target=spread_wsets, args=(many.producers, PERIOD_S, stop), daemon=True)
@@ -94,6 +96,10 @@ def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAd
         "generator_idle_cpu_5000_topics": round(gen_idle, 4),
         "broker_extra_idle_cpu_5000_topics": round(max(0.0, with_gen - without), 4),
         "broker_idle_cpu_5000_topics_without_generator": round(without, 4),
+        "plain_clients_idle_cpu_5000_topics": round(clients_idle, 4),
+        "plain_clients_idle_cpu_5000_topics_how": f"the same {IDLE_S:.0f} s: this benchmark's own process, which holds "
+        f"the {topics} topics' plain consumers and producers (pulsar-client, one of each per topic) and {FEEDS} feeds, "
+        "doing nothing: what holding one consumer per topic costs a client at idle, beside the generator's figure",
         "generator_takeover_s_5000_topics": round(takeover, 1),
         "watermark_latency_5000_topics_p50_ms": round(p50, 1),
         "watermark_latency_5000_topics_p99_ms": round(p99, 1),
