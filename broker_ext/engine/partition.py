@@ -673,8 +673,10 @@ class PartitionEngine:
         self._writing = f.snapshots_due[0]
         state, periodic = self._writing
         out.append(WriteSnapshot(state, self.catalog.previous_for_next(), periodic, self.incarnation))
-        if periodic and self.incarnation is not None:
-            out.append(ReadIncarnation())  # now and then: is the topic still the one we follow?
+        if periodic and self.incarnation is not None and not self.created:
+            # now and then: is the topic still the one we follow? (a creation time, when the plugin gives one,
+            # tells that at every poll without an admin call per topic)
+            out.append(ReadIncarnation())
 
     def _written(self, written: SnapshotWritten, out: list[Command]) -> None:
         if self._writing is None:
