@@ -8,9 +8,10 @@ query on that topic must close the same windows.
 
 Every restart costs a JVM and a Spark session, so the kills are few and placed: every other one lands
 inside a batch for certain (at a random point between its plan in the offset log and its commit, any
-phase: reading, counting, writing the rows, committing), the others at random moments (between batches,
-during a restart's first batch). A kill meant for a batch that the commit beat by a few milliseconds is
-followed by another one, so at least one kill leaves a batch to run again.
+phase: reading, counting, writing the rows, committing), the others at a random moment up to 4 s after the
+restarted driver's first commit (between two batches, or inside one). A kill meant for a batch that the
+commit beat by a few milliseconds is followed by another one, so at least one kill leaves a batch to run
+again.
 
 `SINK_KILLS=N` changes the number of kills (3); `SINK_DELIVERY_GUARANTEE=at-least-once` runs the same
 pipeline without deduplication, to see the test fail when a kill lands between a batch's write and its
