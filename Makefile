@@ -20,11 +20,22 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# The broker's jars (once, with progress) and the broker plugin (Java, with its JUnit tests) come first, in steps of
-# their own; then the Python unit tests (no broker) and the integration tests against a real broker.
-test: $(STAMP) lint plugin
-	$(PY) -m pytest -m unit -q
-	$(PY) -m pytest -m integration -q
+# Two lines at once, on different resources: `lint` and the unit tests (no broker, no Java) run beside, at a lower
+# priority, their output kept in $(BESIDE_LOG) and shown once the integration tests end; in front, the broker's jars
+# (once, with progress), the broker plugin (Java, with its JUnit tests) and the integration tests against a real
+# broker. The target fails when either line failed.
+BESIDE_LOG := .pytest_cache/lint-and-unit.log
+test: $(STAMP)
+	@mkdir -p $(dir $(BESIDE_LOG))
+	@echo "[test] ruff, mypy and the unit tests run beside the rest; their report comes at the end ($(BESIDE_LOG))"
+	@( nice -n 10 $(MAKE) --no-print-directory lint && \
+	   nice -n 10 $(PY) -m pytest -m unit -q -p no:cacheprovider ) > $(BESIDE_LOG) 2>&1 & beside=$$!; \
+	$(MAKE) --no-print-directory plugin && $(PY) -m pytest -m integration -q; front=$$?; \
+	wait $$beside; beside_status=$$?; \
+	echo "[test] ruff, mypy and the unit tests (run beside):"; cat $(BESIDE_LOG); \
+	echo "[test] lint and unit: $$(test $$beside_status = 0 && echo passed || echo FAILED);" \
+	     "plugin and integration: $$(test $$front = 0 && echo passed || echo FAILED)"; \
+	test $$beside_status = 0 && test $$front = 0
 
 jars: $(STAMP)
 	$(PY) -m devtools.local_cluster fetch

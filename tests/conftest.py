@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 import pulsar
 import pytest
@@ -16,6 +21,54 @@ from tests.integration.generator_process import GeneratorProcess
 from tests.oracle import keep_watermark_history
 
 _HERE = Path(__file__).parent
+
+
+class Heartbeat:
+    """A line on the terminal every 25 s while one test runs (its set-up and teardown included, so the session's
+    broker start and stop too): nothing runs for more than 30 s without a line, even with `-q` and its output
+    captured. It writes past pytest's capture, to the terminal pytest started with."""
+
+    EVERY_S = 25.0
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.running: tuple[str, float] | None = None
+        self.lock = threading.Lock()
+        threading.Thread(target=self.beat, name="test-heartbeat", daemon=True).start()
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        with self.lock:
+            self.running = (nodeid, time.monotonic())
+
+    def pytest_runtest_logfinish(self) -> None:
+        with self.lock:
+            self.running = None
+
+    def beat(self) -> None:
+        said: tuple[str, float] | None = None  # the test and the time of the last line
+        while True:
+            time.sleep(1.0)
+            with self.lock:
+                running = self.running
+            if running is None:
+                continue
+            if said is None or said[0] != running[0] or said[1] < running[1]:
+                said = running
+            if time.monotonic() - said[1] >= self.EVERY_S:
+                self.out.write(f"\n  ... {running[0]}: {time.monotonic() - running[1]:.0f} s\n")
+                self.out.flush()
+                said = (running[0], time.monotonic())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # here pytest's capture is suspended: file descriptor 1 is still the terminal (or CI's log)
+    if not hasattr(sys.stdout, "fileno") or config.option.collectonly:
+        return
+    try:
+        terminal = open(os.dup(sys.stdout.fileno()), "w", buffering=1)  # noqa: SIM115 (open for the session)
+    except (OSError, ValueError):
+        return
+    config.pluginmanager.register(Heartbeat(terminal), "heartbeat")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

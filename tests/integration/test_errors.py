@@ -258,7 +258,9 @@ def test_a_spark_query_with_a_wrong_service_url_names_the_fix(
 ) -> None:
     admin.create_topic(topic)
     wrong = f"pulsar://127.0.0.1:{free_port()}"
-    message = query_error(spark, tmp_path, topic=topic, subscription="s", serviceUrl=wrong)
+    # the client's own timeout (30 s by default) is what the query waits for: 3 s says the same
+    timeout = {"pulsar.client.operationTimeoutSeconds": "3"}
+    message = query_error(spark, tmp_path, topic=topic, subscription="s", serviceUrl=wrong, **timeout)
     assert f"no Pulsar broker answered at {wrong}" in message and "PULSAR_SERVICE_URL" in message
 
 

@@ -2,11 +2,18 @@
 
 source -> 2 s windowed counts per key -> pulsar-watermark sink, in a driver process of its own
 (`tests/integration/sink_pipeline.py`: the Python driver, its JVM and its Python workers, one process
-group) that is SIGKILLed at random moments and restarted from its checkpoint, while producers keep
-writing. A plain reader of the output topic must then find each window's row exactly once with the
-exact count, and a downstream query on that topic must close the same windows.
+group) that is SIGKILLed and restarted from its checkpoint, while producers keep writing. A plain reader
+of the output topic must then find each window's row exactly once with the exact count, and a downstream
+query on that topic must close the same windows.
 
-`SINK_KILLS=N` changes the number of kills (10); `SINK_DELIVERY_GUARANTEE=at-least-once` runs the same
+Every restart costs a JVM and a Spark session, so the kills are few and placed: every other one lands
+inside a batch for certain (at a random point between its plan in the offset log and its commit, any
+phase: reading, counting, writing the rows, committing), the others at a random moment up to 4 s after the
+restarted driver's first commit (between two batches, or inside one). A kill meant for a batch that the
+commit beat by a few milliseconds is followed by another one, so at least one kill leaves a batch to run
+again.
+
+`SINK_KILLS=N` changes the number of kills (3); `SINK_DELIVERY_GUARANTEE=at-least-once` runs the same
 pipeline without deduplication, to see the test fail when a kill lands between a batch's write and its
 commit. The first version of the exactly-once sink (client batching on) failed it: 247 rows written twice.
 """
@@ -18,6 +25,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -46,7 +54,9 @@ BASE = 1_700_000_000_000 - 1_700_000_000_000 % 60_000  # on a boundary of every 
 WINDOW_MS = 2_000
 DOWNSTREAM_WINDOW_MS = 20_000
 KEYS = ("a", "b", "c")
-KILLS = int(os.environ.get("SINK_KILLS", "10"))
+KILLS = int(os.environ.get("SINK_KILLS", "3"))
+EXTRA_KILLS = 3
+"""Kills inside a batch added at most, should every planned one have been beaten by its batch's commit."""
 STEP_S = 0.2
 """Wall time per event-time second: a 2 s window closes about every 0.4 s, so most batches write rows."""
 
@@ -98,6 +108,39 @@ def _last(checkpoint: Path, kind: str) -> int:
 def _unfinished_batch(checkpoint: Path) -> bool:
     """A batch was planned (offset log) but not committed: Spark runs it again at the restart."""
     return _last(checkpoint, "offsets") > _last(checkpoint, "commits")
+
+
+def _batch_seconds(checkpoint: Path) -> float:
+    """How long a recent batch took from its plan (offset log) to its commit (commit log), in seconds: the median
+    of the last five (a restart's first batches are long, the later ones short)."""
+    spans = []
+    for batch in range(_last(checkpoint, "commits"), -1, -1)[:5]:
+        with contextlib.suppress(FileNotFoundError):
+            spans.append(
+                (checkpoint / "commits" / str(batch)).stat().st_mtime
+                - (checkpoint / "offsets" / str(batch)).stat().st_mtime
+            )  # fmt: skip
+    return statistics.median(spans) if spans else 1.0
+
+
+def _kill_inside_a_batch(driver: Driver, checkpoint: Path, rng: random.Random) -> None:
+    """SIGKILL the driver at a random point of a batch: between its plan and its commit (a batch whose commit
+    comes first is let go, and the next one tried). Spans of earlier batches say how long a batch takes."""
+    span = _batch_seconds(checkpoint)
+    seen = _last(checkpoint, "offsets")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        wait_until(lambda: _last(checkpoint, "offsets") > seen or not driver.alive(), timeout_s=60,  # noqa: B023
+                   what="the next batch planned")  # fmt: skip
+        assert driver.alive(), "the pipeline's driver died on its own (see driver.log)"
+        batch = seen = _last(checkpoint, "offsets")
+        kill_at = time.monotonic() + rng.uniform(0.0, span)
+        while time.monotonic() < kill_at and _last(checkpoint, "commits") < batch:
+            time.sleep(0.005)
+        if _last(checkpoint, "commits") < batch:
+            driver.kill()
+            return
+    raise AssertionError("no batch stayed uncommitted long enough to be killed within 120 s")
 
 
 class Events:
@@ -168,7 +211,9 @@ def test_each_window_is_written_exactly_once_across_random_sigkills_of_the_drive
     unfinished = 0
     with (tmp_path / "driver.log").open("wb") as log:
         try:
-            for _ in range(KILLS):
+            kills = 0
+            while kills < KILLS or (unfinished == 0 and kills < KILLS + EXTRA_KILLS):
+                inside = kills % 2 == 0 or kills >= KILLS  # every other kill, and any extra one, inside a batch
                 committed = _last(checkpoint, "commits")
                 driver = Driver(pulsar_settings, topic, output, checkpoint, log)
                 driver.wait_started()
@@ -176,10 +221,19 @@ def test_each_window_is_written_exactly_once_across_random_sigkills_of_the_drive
                     lambda: _last(checkpoint, "commits") > committed or not driver.alive(),  # noqa: B023
                     timeout_s=180, what="a batch of the restarted driver",
                 )  # fmt: skip
-                time.sleep(rng.uniform(0.0, 4.0))  # anywhere in a batch: planning, reading, writing, committing
                 assert driver.alive(), "the pipeline's driver died on its own (see driver.log)"
-                driver.kill()
+                if inside:
+                    _kill_inside_a_batch(driver, checkpoint, rng)
+                else:
+                    time.sleep(rng.uniform(0.0, 4.0))  # anywhere: between batches or inside one
+                    assert driver.alive(), "the pipeline's driver died on its own (see driver.log)"
+                    driver.kill()
+                kills += 1
                 unfinished += _unfinished_batch(checkpoint)
+                print(
+                    f"kill {kills} ({'inside a batch' if inside else 'at a random moment'}): batches planned "
+                    f"{_last(checkpoint, 'offsets') + 1}, committed {_last(checkpoint, 'commits') + 1}"
+                )
             events.stop.set()
             feeder.join()
             producer.new_watermark().event_time(BASE + (events.second + 60) * 1000).send()  # closes every window
@@ -198,7 +252,7 @@ def test_each_window_is_written_exactly_once_across_random_sigkills_of_the_drive
     log_text = (tmp_path / "driver.log").read_text(errors="replace")
     skipped_rows, skipped_marks = log_text.count("rows from"), log_text.count("its W_SET already written")
     print(
-        f"{KILLS} kills, {unfinished} with a batch planned and not committed, {_last(checkpoint, 'commits') + 1} "
+        f"{kills} kills, {unfinished} with a batch planned and not committed, {_last(checkpoint, 'commits') + 1} "
         f"batches; {len(rows)} rows, {len(marks)} W_SETs; tasks that found rows already written: {skipped_rows}, "
         f"W_SETs found written: {skipped_marks}"
     )
