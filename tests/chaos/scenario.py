@@ -137,6 +137,11 @@ def create_topic_once(admin: PulsarAdmin, topic: str) -> None:
             raise
 
 
+PRODUCER_SILENT_S = 50.0
+"""A producer that wrote nothing for this long (wall time, below the generator's 60 s producer timeout on the
+log's clock) may have been timed out: the contract makes its later messages below the watermark late, not a
+premature watermark, so the premature check leaves it out (found on several brokers, seed 414054: a topic away
+74 s after its broker was killed, one producer asserting first after it moved the watermark alone)."""
 SEND_TIMEOUT_MS = 90_000
 """A producer's send that waits longer gives up, and the scenario sends again with a new producer. Longer
 than any broker restart or failover here (a killed broker's bundles move after its 10 s session). Found
@@ -248,6 +253,10 @@ class Scenario:
         self.faults: Counter[str] = Counter()
         self.violations: list[Violation] = []
         self.notes: list[str] = []
+        self.last_write: dict[str, float] = {}
+        """Per producer, when its last send succeeded (monotonic)."""
+        self.silent: set[str] = set()
+        """Producers that wrote nothing for PRODUCER_SILENT_S at some point: no longer checked for premature."""
         self.t0 = time.monotonic()
         self.clock_base = int(time.time() * 1000)
         self.instance_count = 0
@@ -364,12 +373,24 @@ class Scenario:
         while True:
             try:
                 send(self.producers[name])
+                self._wrote(name)
                 return
             except pulsar.Timeout:
                 self.notes.append(f"producer {name}: a send timed out after {SEND_TIMEOUT_MS / 1000:.0f} s; re-created")
                 with contextlib.suppress(Exception):
                     self.producers[name].close(idle=False)
                 self.new_producer(name)
+
+    def _wrote(self, name: str) -> None:
+        now = time.monotonic()
+        before = self.last_write.get(name)
+        self.last_write[name] = now
+        if before is not None and now - before > PRODUCER_SILENT_S and name not in self.silent:
+            self.silent.add(name)
+            self.notes.append(
+                f"producer {name}: wrote nothing for {now - before:.0f} s (the generator may time it "
+                "out: its later messages below the watermark are late); not checked for premature"
+            )
 
     def send_message(self, name: str, payload: bytes, event_time: int) -> None:
         self.surely(name, lambda p: p.send(payload, event_timestamp=event_time))
@@ -701,7 +722,10 @@ class Scenario:
         for sub in self.plan.subscriptions:
             logs = [entry for entry in self.logs if entry.subscription == sub.name]
             self.violations += check_subscription(
-                sub.name, self.after_broker_kills(sub.name, logs), self.sent, {p.name for p in self.plan.producers}
+                sub.name,
+                self.after_broker_kills(sub.name, logs),
+                self.sent,
+                {p.name for p in self.plan.producers} - self.silent,
             )
             names = {entry.name for entry in logs}
             self.violations += check_final(
