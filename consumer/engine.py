@@ -114,7 +114,16 @@ class PartitionsChanged:
 
 @dataclass(frozen=True, slots=True)
 class CaughtUp:
-    """The feed's reader has read everything published on the companion topic so far."""
+    """The feed's reader has read everything published on the companion topic before monotonic time `as_of`
+    (None: `handle`'s `now`): it found nothing more available then, however busy the topic is."""
+
+    as_of: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Attached:
+    """The consumer attached: the feed has read what the companion topic held (history, handed to nobody);
+    a listener is handed the watermark it holds from now on, once, before anything the feed reads later."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +133,7 @@ class Tick:
 
 Event = (
     Received | Acknowledged | NegativelyAcknowledged | Sought | WatermarkRead | HeadRead | PartitionsChanged
-    | CaughtUp | Tick
+    | CaughtUp | Attached | Tick
 )  # fmt: skip
 
 
@@ -237,6 +246,12 @@ class ConsumerEngine:
         return self.trust.partitions
 
     @property
+    def waits_for_caught_up(self) -> bool:
+        """Whether a partition takes events only at or before what came since a move back until the reader has
+        caught up (`CaughtUp`): the shell asks the companion topic's reader only then."""
+        return bool(self._guarded_since)
+
+    @property
     def pending(self) -> int:
         """Messages received that wait for the listener."""
         return len(self._pending)
@@ -273,10 +288,15 @@ class ConsumerEngine:
             for partition in event.partitions:
                 self._know(partition)
         elif isinstance(event, CaughtUp):
+            as_of = now if event.as_of is None else event.as_of
             for partition, since in list(self._guarded_since.items()):
-                if now - since >= STALE_WINDOW_S:
+                if as_of - since >= STALE_WINDOW_S:
                     del self._guarded_since[partition]
                     self.trust.on_caught_up(partition)
+        elif isinstance(event, Attached):
+            if self.listener and self._delivered is not None:  # the catch-up's hand-overs went to nobody
+                out.append(HandWatermark(self._delivered))
+            return out
         else:  # Tick
             self._check_time_limits(now, out)
         self._settle(now, out, True)  # off the hot path: look at everything again
@@ -440,6 +460,7 @@ __all__ = [
     "BEFORE_ALL",
     "NO_WATERMARK",
     "Acknowledged",
+    "Attached",
     "CaughtUp",
     "Command",
     "ConsumerEngine",

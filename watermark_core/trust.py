@@ -67,9 +67,12 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   and not before the fact it holds, as soon as nothing contradicts it: an event read now may have
   been computed before the move back, and one beyond what came since would stand over entries still
   to come (issue 25, case 1). `on_caught_up` (the reader has read everything published since) ends
-  it. This is what ends the wait in a Shared subscription where another consumer acknowledged its
-  copy of a message this one holds: the generator never computes a watermark before that message
-  again (chaos seed 214393).
+  it; the latest event read while guarded is still taken only at or before the frontier (`stale`): it
+  may have been computed before the move back, and what it covers may not have come again (issue 34,
+  fault 1: a reset back to entry 5 while E(20) was in flight took E(20) a second later). Giving up
+  is what ends the wait in a Shared subscription where another consumer acknowledged its copy of a
+  message this one holds: the generator never computes a watermark before that message again (chaos
+  seed 214393).
   Callers log it.
 
 Partitioned topics: a consumer's watermark is the minimum over partitions. `watermark()` is the
@@ -163,6 +166,10 @@ class PartitionTrust:
     guarded: bool = False
     """After a seek or `give_up`: events read may have been computed before the move back (the companion
     topic's reader lags), so one is taken only at or before the frontier, until `on_caught_up`."""
+    stale: Computed | None = None
+    """The latest event when the reader caught up (`on_caught_up`), read while guarded and refused for being beyond
+    the frontier: it may have been computed before the move back, so it is taken only as a guarded partition takes
+    one, once what it covers came again (issue 34, fault 1). Events read after it are taken as usual."""
     last: Position | None = None
     """The latest position received: a message at or before it comes out of order (see `on_message`)."""
     acknowledged: dict[Position, None] = field(default_factory=dict)
@@ -184,12 +191,13 @@ class PartitionTrust:
     def lowest_queued(self) -> Entry | None:
         return min((position[:2] for position in self.queued), default=None)
 
-    def accepts(self, position: Entry) -> bool:
-        """Whether an event computed at `position` is before everything this partition protects."""
+    def accepts(self, position: Entry, guarded: bool | None = None) -> bool:
+        """Whether an event computed at `position` is before everything this partition protects (`guarded`: with
+        the guarded rule or not; by default as the partition is)."""
         if self.floor is not None:
             if position >= self.floor:
                 return False
-        elif self.guarded and (
+        elif (self.guarded if guarded is None else guarded) and (
             self.frontier is None
             or position > self.frontier
             or (self.held is not None and position < self.held.position)
@@ -261,6 +269,7 @@ class WatermarkTrust:
         state = self._partitions[partition]
         event = Computed((int(position[0]), int(position[1])), event_time)
         before, state.latest = state.latest, event
+        state.stale = None  # read after the reader caught up: computed after the move back
         state.facts.append(event)
         if state.by_time and state.provisional and self._landed(state, event, before):
             self._take_latest(partition, anywhere=True)
@@ -331,7 +340,7 @@ class WatermarkTrust:
             # computed before the move; take one only at or before what comes again (as after a seek).
             state.frontier, state.guarded = entry, True
             self._moved_back.add(partition)
-        elif state.guarded and state.latest is not state.held:
+        elif (state.guarded or state.stale is not None) and state.latest is not state.held:
             self._take_latest(partition)  # the frontier passed it
 
     @staticmethod
@@ -367,7 +376,10 @@ class WatermarkTrust:
         state = self._partitions[partition]
         if state.guarded:
             state.guarded = False
-            if state.floor is None:
+            if state.floor is None and state.latest is not state.held:
+                # The latest event was read while guarded: it may be from before the move back. Taken now only
+                # if the guarded rule takes it, else once the frontier reaches it (`stale`).
+                state.stale = state.latest
                 self._take_latest(partition)
 
     def on_negatively_acknowledged(self, partition: int, position: Position) -> None:
@@ -384,7 +396,7 @@ class WatermarkTrust:
         partition trusts, is not guarded, and the message comes after the held event. False, and nothing
         changed, otherwise: then call `on_message`."""
         state = self._partitions.get(partition)
-        if state is None or state.floor is not None or state.guarded or state.nacked:
+        if state is None or state.floor is not None or state.guarded or state.nacked or state.stale is not None:
             return False
         entry = position[:2]
         if state.held is not None and entry <= state.held.position:
@@ -460,7 +472,7 @@ class WatermarkTrust:
             state.acknowledged.clear()
             # What comes next starts at the target (delivered again, even when skipped): before it.
             state.frontier = None if target is None else (target[0], target[1] - 1)
-            state.joining, state.guarded, state.by_time = None, True, False
+            state.joining, state.guarded, state.by_time, state.stale = None, True, False, None
             if target is not None and target <= BEFORE_ALL:
                 # To the start: the fold there is no watermark, a fact. Events read from now on may
                 # still be from before the seek: only one at or before what came again is taken.
@@ -512,6 +524,7 @@ class WatermarkTrust:
         state = self._partitions[partition]
         state.held = self._best_fact(state) or WITHDRAWN
         state.floor, state.provisional, state.guarded, state.by_time = None, False, True, False
+        state.stale = None
         self._take_latest(partition)
 
     @staticmethod
@@ -545,9 +558,15 @@ class WatermarkTrust:
         state = self._partitions[partition]
         if state.latest is None or state.latest is state.held:
             return False
-        if not anywhere and not state.accepts(state.latest.position):
+        stale = state.latest is state.stale
+        if not anywhere and not state.accepts(state.latest.position, state.guarded or stale):
             return False
         state.held, state.floor, state.provisional, state.by_time = state.latest, None, False, False
+        if stale:
+            # Taken late: older events computed before it (after the move back) may still be unread. Guarded
+            # again (not older than it) until the reader catches up, so the watermark does not go back.
+            state.stale, state.guarded = None, True
+            self._moved_back.add(partition)
         self._forget_acknowledged(state)
         self._regained.add(partition)
         self._join(partition)
@@ -582,7 +601,8 @@ class WatermarkTrust:
     # -- outputs ------------------------------------------------------------------------------------
 
     def drain_moved_back(self) -> list[int]:
-        """Partitions guarded since the last call because a message came again (see `on_message`)."""
+        """Partitions guarded since the last call because a message came again (see `on_message`), or because
+        they took a `stale` event: until the reader catches up (`on_caught_up`)."""
         moved, self._moved_back = sorted(self._moved_back), set()
         return moved
 

@@ -269,7 +269,33 @@ class ConsumerWorld:
     def caught_up(self) -> None:
         """The engine's reader has read everything published (only true when the channel is empty)."""
         if not self.channel:
-            self.send(CaughtUp())
+            self.send(CaughtUp(self.now))
+
+    def restate(self) -> None:
+        """The companion topic is busy (issue 34, fault 2): a table published for another subscription names this
+        one's last event again, on every partition the generator published for."""
+        for partition, entry in self.published.items():
+            if entry is not None:
+                self.channel.append(WatermarkRead(partition, (L, entry), self.partitions[partition].fold(entry)))
+
+    def read_to_end(self) -> None:
+        """The reader reads what is there and finds nothing more available: caught up, never quiet for long."""
+        self.read_events(len(self.channel))
+        self.caught_up()
+
+    def reset_while_in_flight(self, partition: int, back: int, count: int) -> None:
+        """Issue 34, fault 1: the generator publishes an event the consumer has not read yet; an operator resets the
+        cursor `back` entries before the mark-delete position; `count` entries come again and are acknowledged; the
+        event is read, and a second later the reader has caught up."""
+        self.generator_poll()
+        self.seek(partition, max(0, self.partitions[partition].mark_delete() + 1 - back), "reset")
+        for _ in range(count):
+            self.deliver(partition)
+        while self.handed:
+            self.ack(0)
+        self.read_events(len(self.channel))
+        self.tick(1.0)
+        self.caught_up()
 
     def tick(self, seconds: float) -> None:
         self.now += seconds

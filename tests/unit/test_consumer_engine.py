@@ -11,6 +11,7 @@ from consumer.engine import (
     NO_WATERMARK,
     STALE_WINDOW_S,
     Acknowledged,
+    Attached,
     CaughtUp,
     Command,
     ConsumerEngine,
@@ -320,3 +321,116 @@ def test_a_seek_by_time_to_before_the_first_w_set_that_delivers_nothing_withdraw
     assert not gave_up(drive.after(31))
     drive(Received(-1, pos(1), token="first"))  # data before the first W_SET
     assert drive.out[-1] == Deliver("first")
+
+
+# -- issue 34, fault 1: a move back between a held event and one still in flight ------------------------------
+
+
+def test_after_a_reset_back_the_caught_up_rule_does_not_take_a_stale_event_before_what_it_covers_came_again() -> None:
+    """Failed before: E(20), computed before the reset to entry 5 and read after it, was refused while guarded and
+    taken by `on_caught_up` a second later (10 000 while data at 4000 was still to come)."""
+    drive = Drive()
+    drive.event(2)  # 1000 held
+    drive.receive(*range(3, 21))  # received and acknowledged up to 20; E(20) is computed, not read yet
+    drive.receive(5, 6, 7)  # an operator's reset-cursor to entry 5: 5..7 come again
+    drive.event(20)  # read now: refused (guarded), kept as the latest
+    drive.after(STALE_WINDOW_S)
+    drive(CaughtUp())
+    assert_not_premature(drive.watermark, 8)
+    drive.receive(*range(8, 21))  # what E(20) covers came again: now it holds
+    assert drive.watermark == Watermark(time_of(20))
+
+
+def test_after_a_reset_back_a_listener_is_not_handed_a_stale_event_by_the_caught_up_rule() -> None:
+    drive = Drive(listener=True)
+    drive.event(2)
+    drive.receive(*range(3, 21))
+    drive.receive(5, 6, 7)
+    drive.event(20)
+    drive.after(STALE_WINDOW_S)
+    drive(CaughtUp())
+    assert drive.handed() == [time_of(2)], "handed 10 000 while data at 4000 is still to come"
+    drive.receive(*range(8, 21))
+    assert drive.handed() == [time_of(2), time_of(20)]
+
+
+def test_after_a_seek_by_id_back_the_caught_up_rule_does_not_take_a_stale_event() -> None:
+    """The same with a seek by id back to entry 9 (forward of the held event's position, so nothing distrusts)."""
+    drive = Drive()
+    drive.event(2)
+    drive.receive(*range(3, 21))
+    drive(Sought((-1,), (L, 9)))
+    drive.receive(9, 10)
+    drive.event(20)  # computed before the seek, read after it
+    drive.after(STALE_WINDOW_S)
+    drive(CaughtUp())
+    assert_not_premature(drive.watermark, 11)
+    drive.receive(*range(11, 21))
+    assert drive.watermark == Watermark(time_of(20))
+
+
+def test_after_caught_up_an_event_read_later_is_taken_wherever_it_was_computed() -> None:
+    """The stale event waits; one the generator publishes after the reader caught up does not."""
+    drive = Drive()
+    drive.event(2)
+    drive.receive(*range(3, 21))
+    drive.receive(5, 6, 7)
+    drive.event(20)
+    drive.after(STALE_WINDOW_S)
+    drive(CaughtUp())
+    drive.event(7)  # the generator saw the reset: recomputed at 7
+    assert drive.watermark == Watermark(time_of(7))
+
+
+# -- issue 34, faults 2 and 3: what the shell reports ------------------------------------------------------------
+
+
+def test_caught_up_counts_from_when_the_reader_asked_not_from_when_it_is_told() -> None:
+    """The reader found nothing more available half a second after the seek: events published later (until a
+    second after it) may still be from before the seek, however late the engine hears of it."""
+    drive = Drive()
+    drive(Sought((-1,), None))
+    drive.event(8)
+    drive.after(2.0)
+    drive(CaughtUp(as_of=0.5))
+    drive.event(12)
+    assert drive.watermark is None
+    drive(CaughtUp(as_of=drive.now))
+    drive.event(14)
+    assert drive.watermark == Watermark(time_of(14))
+
+
+def test_attached_hands_a_listener_what_the_catch_up_found_once() -> None:
+    """The feed reads the companion topic's history before the consumer attaches and hands it to nobody; `Attached`
+    hands the listener the watermark it holds then, once (issue 34, fault 3)."""
+    drive = Drive(listener=True)
+    drive.event(5)
+    drive.event(9)
+    drive.out.clear()  # the catch-up's commands: history, carried out by nobody
+    assert drive(Attached()) == [HandWatermark(Watermark(time_of(9), computed_at=((-1, L, 9),)))]
+    drive.event(11)
+    assert drive.handed() == [time_of(9), time_of(11)]
+    assert Drive(listener=True)(Attached()) == []
+    pull = Drive()
+    pull.event(9)
+    assert pull(Attached()) == []
+
+
+def test_a_stale_event_taken_late_is_not_followed_by_an_older_one_read_after_it() -> None:
+    """Found by the property test's new move: E(11) taken once 11 came again and was acknowledged, then E(10),
+    published while 10 was the mark-delete position and read late, took the watermark back without a move back."""
+    drive = Drive()
+    drive.event(2)
+    drive.receive(*range(3, 21))
+    drive.receive(5, 6, 7)
+    drive.event(20)
+    drive.after(STALE_WINDOW_S)
+    drive(CaughtUp())
+    drive.receive(*range(8, 21))
+    assert drive.watermark == Watermark(time_of(20))
+    drive.event(19)  # published before the reader read what 20's acknowledgement made
+    assert drive.watermark == Watermark(time_of(20))
+    drive.after(STALE_WINDOW_S)
+    drive(CaughtUp())
+    drive.event(22)
+    assert drive.watermark == Watermark(time_of(22))
