@@ -230,6 +230,8 @@ class ConsumerEngine:
         self._seek_targets: dict[int, Entry] = {}
         self._guarded_since: dict[int, float] = {}
         """Partitions that take only events at or before what came since a seek or giving up, since when."""
+        self._stale_since: dict[int, float] = {}
+        """Partitions whose latest event the caught-up rule left `stale` (watermark_core/trust.py), since when."""
         self._joining: set[int] = set()
         """Partitions added to a live topic: out of the minimum until their watermark reaches it."""
         self._delivered: Watermark | None = None
@@ -249,7 +251,7 @@ class ConsumerEngine:
     def waits_for_caught_up(self) -> bool:
         """Whether a partition takes events only at or before what came since a move back until the reader has
         caught up (`CaughtUp`): the shell asks the companion topic's reader only then."""
-        return bool(self._guarded_since)
+        return bool(self._guarded_since or self._stale_since)
 
     @property
     def pending(self) -> int:
@@ -289,10 +291,16 @@ class ConsumerEngine:
                 self._know(partition)
         elif isinstance(event, CaughtUp):
             as_of = now if event.as_of is None else event.as_of
+            for partition, since in list(self._stale_since.items()):
+                # Still the latest a while after the reader caught up: the generator published nothing newer.
+                if as_of - since >= self.limits.fallback_wait_s and self.trust.take_stale(partition):
+                    del self._stale_since[partition]
             for partition, since in list(self._guarded_since.items()):
                 if as_of - since >= STALE_WINDOW_S:
                     del self._guarded_since[partition]
                     self.trust.on_caught_up(partition)
+                    if self.trust.stale(partition):
+                        self._stale_since[partition] = as_of
         elif isinstance(event, Attached):
             if self.listener and self._delivered is not None:  # the catch-up's hand-overs went to nobody
                 out.append(HandWatermark(self._delivered))
@@ -420,6 +428,9 @@ class ConsumerEngine:
         if self._distrusted_since:
             for partition in [p for p in self._distrusted_since if not self.trust.distrusting(p)]:
                 del self._distrusted_since[partition]
+        if self._stale_since:  # taken once what it covers came again, or a newer event read, or a seek
+            for partition in [p for p in self._stale_since if not self.trust.stale(p)]:
+                del self._stale_since[partition]
         if not self.listener:
             if changed:
                 self.current = self.trust.watermark()

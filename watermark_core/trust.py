@@ -115,6 +115,9 @@ WITHDRAWN = Computed(BEFORE_ALL, None)
 
 FACTS_KEPT = 256
 
+SEEK_BATCH_END = 2**31
+"""A batch index after every message of an entry: a seek acknowledges whole entries before its target."""
+
 ACKNOWLEDGED_KEPT = 10_000
 """Acknowledgements remembered per partition since the held event, to tell a move back from what comes again."""
 """Facts (events and head events) remembered per partition for `give_up`: at one W_SET a second, minutes of them."""
@@ -269,8 +272,12 @@ class WatermarkTrust:
         state = self._partitions[partition]
         event = Computed((int(position[0]), int(position[1])), event_time)
         before, state.latest = state.latest, event
-        state.stale = None  # read after the reader caught up: computed after the move back
         state.facts.append(event)
+        if state.stale is not None:
+            if event == state.stale:  # restated (a table for another subscription): as stale as it was
+                state.stale = event
+                return Outcome.ACCEPTED if self._take_latest(partition) else Outcome.IGNORED
+            state.stale = None  # read after the reader caught up: computed after the move back
         if state.by_time and state.provisional and self._landed(state, event, before):
             self._take_latest(partition, anywhere=True)
             return Outcome.REGAINED
@@ -311,8 +318,8 @@ class WatermarkTrust:
         if queued:
             state.queued[position] = state.queued.get(position, 0) + 1
         entry = position[:2]
-        if state.frontier is None or entry > state.frontier:
-            state.frontier = entry
+        if moved_back or state.frontier is None or entry > state.frontier:
+            state.frontier = entry  # after a move back, what came before it comes again
         if state.floor is not None and state.provisional:
             # The first message after a seek: where delivery really starts. After the held event's
             # position, the seek went forward of it and the held watermark holds again.
@@ -381,6 +388,24 @@ class WatermarkTrust:
                 # if the guarded rule takes it, else once the frontier reaches it (`stale`).
                 state.stale = state.latest
                 self._take_latest(partition)
+
+    def take_stale(self, partition: int) -> bool:
+        """The reader caught up again `FALLBACK_WAIT_S` (consumer/engine.py) after `on_caught_up` left the latest
+        event `stale`, and the generator published nothing newer for the subscription meanwhile: it recomputes
+        within about a second of a move back it sees, so it saw none to recompute (the subscription is where the
+        event says: another consumer got what it covers, an inactive Failover one or a Shared one; a seek went
+        nowhere), or it cannot now (it is down). The event is taken as an unguarded partition takes one (chaos
+        seeds 509827, 509833, 509854: waiting for what it covers to come here left such consumers without the
+        final watermark for good). Whether it was taken."""
+        state = self._partitions[partition]
+        if state.stale is None or state.latest is not state.stale:
+            return False
+        return self._take_latest(partition, unguarded=True)
+
+    def stale(self, partition: int) -> bool:
+        """Whether the partition's latest event waits as `stale` (see `on_caught_up`, `take_stale`)."""
+        state = self._partitions.get(partition)
+        return state is not None and state.stale is not None
 
     def on_negatively_acknowledged(self, partition: int, position: Position) -> None:
         """The application negatively acknowledged a message: it is not this consumer's any more (the broker
@@ -470,6 +495,9 @@ class WatermarkTrust:
             state.outstanding, state.queued, state.nacked = set(), {}, set()
             state.last, state.acknowledged_through = None, None  # what comes again is expected now
             state.acknowledged.clear()
+            if target is not None and target > BEFORE_ALL:
+                # The broker acknowledges everything before the target: coming again later, it shows a move back.
+                state.acknowledged_through = (target[0], target[1] - 1, SEEK_BATCH_END)
             # What comes next starts at the target (delivered again, even when skipped): before it.
             state.frontier = None if target is None else (target[0], target[1] - 1)
             state.joining, state.guarded, state.by_time, state.stale = None, True, False, None
@@ -548,9 +576,10 @@ class WatermarkTrust:
         """While distrusting: take the latest event if it is before everything the partition protects now."""
         return self._partitions[partition].floor is not None and self._take_latest(partition)
 
-    def _take_latest(self, partition: int, *, anywhere: bool = False) -> bool:
+    def _take_latest(self, partition: int, *, anywhere: bool = False, unguarded: bool = False) -> bool:
         """Take the latest event if it is not the held one and nothing the partition protects contradicts it
-        (`anywhere`: whatever it was computed at; nothing is outstanding or queued after a seek).
+        (`anywhere`: whatever it was computed at; nothing is outstanding or queued after a seek; `unguarded`:
+        without the guarded rule, a `stale` event too).
 
         By identity: the generator republishes an unchanged value after a move back, and that event,
         equal to the held one, is the evidence a distrusted partition waits for.
@@ -559,7 +588,7 @@ class WatermarkTrust:
         if state.latest is None or state.latest is state.held:
             return False
         stale = state.latest is state.stale
-        if not anywhere and not state.accepts(state.latest.position, state.guarded or stale):
+        if not anywhere and not state.accepts(state.latest.position, False if unguarded else state.guarded or stale):
             return False
         state.held, state.floor, state.provisional, state.by_time = state.latest, None, False, False
         if stale:

@@ -298,6 +298,9 @@ class ConsumerWorld:
         self.caught_up()
 
     def tick(self, seconds: float) -> None:
+        """Time passes; a generator that is up polls meanwhile (it publishes what it recomputes within about a
+        second: the engine's waits count on it, see `ConsumerWorld.caught_up`)."""
+        self.generator_poll()
         self.now += seconds
         self.send(Tick())
 
@@ -352,17 +355,29 @@ class ConsumerWorld:
         if watermark.event_time == self.fold_now():
             self.moved_back = False  # the consumer has seen the move back: it holds the fold there now
 
-    def settle(self) -> None:
-        """The generator live, the other consumers gone, the application acknowledging everything, time
-        passing, the topic going on: until nothing changes."""
+    def settle(self, *, elsewhere: bool = False, marker: bool = True) -> None:
+        """The generator live, the application acknowledging everything, time passing: until nothing changes.
+
+        `elsewhere`: another consumer of the subscription gets every message from now on and acknowledges it (this
+        one is an inactive Failover consumer, or a Shared one that gets nothing more); else the other consumers are
+        gone and this one gets everything. `marker`: the topic goes on with a W_SET (a new event to read at the
+        end); without, the last event the generator published may be the last one there is."""
         self.generator_up = True
         for partition, state in self.partitions.items():
-            state.redeliver |= state.others
-            state.others = set()
-            self.append(partition, Entry("settle", 10**9, True))
+            if not elsewhere:
+                state.redeliver |= state.others
+                state.others = set()
+            if marker:
+                self.append(partition, Entry("settle", 10**9, True))
         for _ in range(len(self.partitions) * 200):
-            for partition in self.partitions:
-                self.deliver(partition)
+            for partition, state in self.partitions.items():
+                if elsewhere:
+                    state.acked |= state.others
+                    state.others = set()
+                    while (entry := state.next_to_dispatch()) is not None:
+                        state.acked.add(entry)
+                else:
+                    self.deliver(partition)
             while self.handed:
                 self.ack(0)
             self.generator_poll()

@@ -382,6 +382,66 @@ def test_after_caught_up_an_event_read_later_is_taken_wherever_it_was_computed()
     assert drive.watermark == Watermark(time_of(7))
 
 
+# -- issue 34, the fix's liveness: a stale event that what comes here never reaches (make chaos) ---------------
+
+
+def test_an_inactive_consumer_takes_the_final_event_after_a_seek_by_time_and_the_limit() -> None:
+    """Failed before (chaos seed 509827): an inactive Failover consumer seeks by time; the generator's events come
+    before the reader caught up, the last one is the final; nothing comes here. The 30 s limit withdraws, the
+    caught-up rule leaves the final event `stale` (nothing came here, so nothing reaches it), and it stayed so."""
+    drive = Drive()
+    drive.event(8)
+    drive(Sought((-1,), None))
+    drive.event(-1)  # the generator saw the seek (to before every entry); the active consumer reads on
+    drive.event(20)
+    drive.event(30)  # the final one
+    assert drive.watermark is None
+    drive.after(31.0)  # the 30 s limit: withdrawn
+    drive(CaughtUp())
+    assert drive.watermark is None  # `stale`: it may be from before the seek
+    drive.after(6.0)
+    drive(CaughtUp())  # still the latest a while after the reader caught up: the generator has nothing newer
+    assert drive.watermark == Watermark(time_of(30))
+
+
+def test_a_shared_consumer_takes_the_final_event_that_covers_what_another_consumer_got() -> None:
+    """Failed before (chaos seed 509854): after a reset back, entries come again, some here and the last ones to
+    another consumer of the Shared subscription; the final event, read before the reader caught up, is beyond
+    what came here. It waited for entries that never come here."""
+    drive = Drive()
+    drive.event(2)
+    drive.receive(*range(3, 21))
+    drive.receive(5, 6, 7)  # a reset-cursor back to 5: 5..7 come again here, 8..20 to another consumer
+    drive.event(4)  # the recomputed event
+    drive.event(20)  # the other consumer acknowledged up to 20: the final event
+    drive.after(STALE_WINDOW_S)
+    drive(CaughtUp())
+    assert drive.watermark == Watermark(time_of(4))
+    drive.after(2.0)
+    drive(CaughtUp())
+    assert drive.watermark == Watermark(time_of(4)), "taken before the generator had time to publish a newer one"
+    drive.after(4.0)
+    drive(CaughtUp())
+    assert drive.watermark == Watermark(time_of(20))
+
+
+def test_a_stale_event_restated_stays_stale_until_the_limit() -> None:
+    """A table published for another subscription names the stale event again: that says nothing about when it was
+    computed (before, the restatement was taken at once as an event read after the reader caught up)."""
+    drive = Drive()
+    drive.event(2)
+    drive.receive(*range(3, 21))
+    drive.receive(5, 6, 7)
+    drive.event(20)
+    drive.after(STALE_WINDOW_S)
+    drive(CaughtUp())
+    drive.event(20)  # restated
+    assert_not_premature(drive.watermark, 8)
+    drive.after(6.0)
+    drive(CaughtUp())
+    assert drive.watermark == Watermark(time_of(20))
+
+
 # -- issue 34, faults 2 and 3: what the shell reports ------------------------------------------------------------
 
 
