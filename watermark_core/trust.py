@@ -46,8 +46,9 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   watermark still holds, but an event read from now on may have been computed before the move back,
   so the partition is guarded from that message on, as after a seek (issue 25's property test found
   a reset back to a marker that let such an event stand). What this consumer acknowledged since the
-  held event is remembered for that (the last `ACKNOWLEDGED_KEPT`); a message another consumer of a
-  Shared subscription gave back was never acknowledged here, so it does not count;
+  held event is remembered for that (the last `ACKNOWLEDGED_KEPT`), and everything before a seek's
+  known target (the seek acknowledged it); a message another consumer of a Shared subscription gave back
+  was never acknowledged here, so it does not count;
 - **negative acknowledgements**: a nacked message is not outstanding any more (it may go to another
   consumer, or to a dead-letter topic); if it comes back it is received again. Until then (or until an
   event computed after it says it was acknowledged elsewhere) no fact at or after it is fallen back
@@ -69,7 +70,9 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   to come (issue 25, case 1). `on_caught_up` (the reader has read everything published since) ends
   it; the latest event read while guarded is still taken only at or before the frontier (`stale`): it
   may have been computed before the move back, and what it covers may not have come again (issue 34,
-  fault 1: a reset back to entry 5 while E(20) was in flight took E(20) a second later). Giving up
+  fault 1: a reset back to entry 5 while E(20) was in flight took E(20) a second later); or once the
+  reader caught up again a while later with nothing newer (`take_stale`: the caller's clock), since what
+  it covers may never come *here* (an inactive Failover consumer, a Shared one). Giving up
   is what ends the wait in a Shared subscription where another consumer acknowledged its copy of a
   message this one holds: the generator never computes a watermark before that message again (chaos
   seed 214393).
@@ -307,8 +310,8 @@ class WatermarkTrust:
         """A message (data or marker) was received at `position`, before it is handed to anyone;
         `queued`: it waits to be handed to a listener (then `on_handed_over`)."""
         state = self._partitions[partition]
-        last = state.last
-        if last is None or position > last:  # in order (the hot path): no move back
+        last, through = state.last, state.acknowledged_through
+        if (last is None or position > last) and (through is None or position > through):  # in order: no move back
             state.last, moved_back = position, False
         else:
             moved_back = self._came_again(state, position)
@@ -426,9 +429,9 @@ class WatermarkTrust:
         entry = position[:2]
         if state.held is not None and entry <= state.held.position:
             return False
-        last = state.last
-        if last is not None and position <= last:
-            return False  # out of order: maybe a move back (`on_message`)
+        last, through = state.last, state.acknowledged_through
+        if (last is not None and position <= last) or (through is not None and position <= through):
+            return False  # out of order, or acknowledged by a seek: maybe a move back (`on_message`)
         state.last = position
         state.outstanding.add(position)
         if state.frontier is None or entry > state.frontier:

@@ -442,6 +442,38 @@ def test_a_stale_event_restated_stays_stale_until_the_limit() -> None:
     assert drive.watermark == Watermark(time_of(20))
 
 
+def test_a_reset_back_over_entries_a_seek_by_id_skipped_is_a_move_back() -> None:
+    """Failed before (found by the property test's new ends): a seek by id forward acknowledges the entries before
+    its target, but only what this consumer acknowledged counted, so a reset back over them was not seen and the
+    frontier kept the entry received before it: E(10), computed before the reset, stood over 6..10 still to come."""
+    drive = Drive()
+    drive.event(2)
+    drive(Sought((-1,), (L, 9), skips_target=True))
+    drive.receive(9, 10, ack=False)  # 9: the seek's target, acknowledged when it comes; 10: a marker
+    drive.receive(5)  # an operator's reset-cursor to 5
+    drive.event(10)  # computed before the reset, read after it
+    assert_not_premature(drive.watermark, 6)
+    drive.after(STALE_WINDOW_S)
+    drive(CaughtUp())
+    assert_not_premature(drive.watermark, 6)
+    drive.receive(*range(6, 11))
+    assert drive.watermark == Watermark(time_of(10))
+
+
+def test_a_reset_back_before_a_seek_by_ids_target_before_anything_came_is_a_move_back() -> None:
+    """Failed before: the same with the reset before anything came after the seek; the first message, before the
+    target, was taken as in order."""
+    drive = Drive()
+    drive.event(2)
+    drive(Sought((-1,), (L, 9), skips_target=True))
+    drive.receive(5)  # an operator's reset-cursor to 5 before the target came
+    drive.event(8)  # the generator's event for the seek, read after the reset
+    assert_not_premature(drive.watermark, 6)
+    drive.after(STALE_WINDOW_S)
+    drive(CaughtUp())
+    assert_not_premature(drive.watermark, 6)
+
+
 # -- issue 34, faults 2 and 3: what the shell reports ------------------------------------------------------------
 
 
