@@ -403,7 +403,13 @@ class WatermarkTrust:
         state = self._partitions[partition]
         if state.stale is None or state.latest is not state.stale:
             return False
-        return self._take_latest(partition, unguarded=True)
+        # Not guarded again, unlike when the frontier reaches it: everything published until a while after it
+        # was read, so what comes later is newer (the generator's recomputed event after it comes back too).
+        state.stale = None
+        if self._take_latest(partition, unguarded=True):
+            return True
+        state.stale = state.latest  # something outstanding or queued is before it: at the next catch-up
+        return False
 
     def stale(self, partition: int) -> bool:
         """Whether the partition's latest event waits as `stale` (see `on_caught_up`, `take_stale`)."""

@@ -111,7 +111,7 @@ def play(world: ConsumerWorld, script: list[tuple[object, ...]], new_log: list[E
         elif action == "tick":
             world.tick(float(args[0]))  # type: ignore[arg-type]
         elif action == "generator":
-            world.generator_up = bool(args[0])
+            world.generator_up = bool(args[0])  # a setter: see `ConsumerWorld.missed`
         elif action == "produce":
             partition = partitions(args[0])
             log = world.partitions[partition].log
