@@ -311,18 +311,26 @@ class WatermarkTrust:
         `queued`: it waits to be handed to a listener (then `on_handed_over`)."""
         state = self._partitions[partition]
         last, through = state.last, state.acknowledged_through
+        entry = position[:2]
+        again = False  # delivered again after a move back: what came before it here comes again too
         if (last is None or position > last) and (through is None or position > through):  # in order: no move back
             state.last, moved_back = position, False
         else:
+            held = state.held
+            # At or before the held event's position, a first copy was acknowledged when that event was computed.
+            again = (
+                held is not None and entry <= held.position
+                and position not in state.outstanding and entry not in state.nacked
+            )  # fmt: skip
             moved_back = self._came_again(state, position)
+            again = again or moved_back
         state.outstanding.add(position)
         if state.nacked:
-            state.nacked.discard(position[:2])
+            state.nacked.discard(entry)
         if queued:
             state.queued[position] = state.queued.get(position, 0) + 1
-        entry = position[:2]
-        if moved_back or state.frontier is None or entry > state.frontier:
-            state.frontier = entry  # after a move back, what came before it comes again
+        if again or state.frontier is None or entry > state.frontier:
+            state.frontier = entry
         if state.floor is not None and state.provisional:
             # The first message after a seek: where delivery really starts. After the held event's
             # position, the seek went forward of it and the held watermark holds again.

@@ -111,6 +111,8 @@ class ConsumerWorld:
         self.now = 0.0
         self.channel: deque[Event] = deque()
         self._generator_up = True
+        self.moved: set[int] = set()
+        """Partitions moved back (a seek, a reset) at least once: see `still_to_come`."""
         self.unrecomputed: set[int] = set()
         """Partitions moved back (a seek, a reset) that the generator has not polled since."""
         self.missed: dict[int, WatermarkRead | None] = {}
@@ -245,6 +247,7 @@ class ConsumerWorld:
             return
         state.move(target)
         self.moved_back = True
+        self.moved.add(partition)
         self.unrecomputed.add(partition)
         if not self.generator_up:
             self.missed[partition] = None
@@ -352,11 +355,16 @@ class ConsumerWorld:
 
     def still_to_come(self) -> int | None:
         """The lowest event time of a data message the subscription has not acknowledged (partitions that
-        joined the minimum only, and not moved by a reset-cursor the consumer has not seen yet)."""
+        joined the minimum only, and not moved by a reset-cursor the consumer has not seen yet, nor `missed`).
+
+        After a move back, a message another consumer of the Shared subscription holds is unknown here: what came
+        again here is all the trust rule can go by (the known gap, docs/DECISIONS.md, issue 34;
+        `test_after_a_reset_in_a_shared_subscription_a_message_another_consumer_holds_is_unknown`)."""
         times = [
             item.event_time for partition, state in self.partitions.items()
             if not self.joining(partition) and partition not in self.unseen_reset and partition not in self.missed
             for entry, item in enumerate(state.log) if not item.marker and entry not in state.acked
+            and not (partition in self.moved and entry in state.others)
         ]  # fmt: skip
         return min(times, default=None)
 

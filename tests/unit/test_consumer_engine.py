@@ -7,6 +7,8 @@ at entry e is 1000*(e//2) and a message at entry e has event time 1000*(e//2) to
 
 from __future__ import annotations
 
+import pytest
+
 from consumer.engine import (
     NO_WATERMARK,
     STALE_WINDOW_S,
@@ -472,6 +474,22 @@ def test_a_reset_back_before_a_seek_by_ids_target_before_anything_came_is_a_move
     drive.after(STALE_WINDOW_S)
     drive(CaughtUp())
     assert_not_premature(drive.watermark, 6)
+
+
+@pytest.mark.xfail(strict=True, reason="open: the known gap of a Shared subscription after a move back")
+def test_after_a_reset_in_a_shared_subscription_a_message_another_consumer_holds_is_unknown() -> None:
+    """After a reset back, 7 comes again to another consumer of the Shared subscription, which holds it; what comes
+    here reaches 10, so E(10), computed before the reset, is taken (as on main before issue 34, and as the fallback
+    after giving up would): this consumer cannot know of 7 (found by the property test with fresh examples)."""
+    drive = Drive()
+    drive.event(2)
+    drive.receive(*range(3, 11))
+    drive.receive(5, 6)  # a reset-cursor back to 5; 7 goes to another consumer, which holds it
+    drive.event(10)  # computed before the reset
+    drive.after(STALE_WINDOW_S)
+    drive(CaughtUp())
+    drive.receive(8, 9, 10)
+    assert_not_premature(drive.watermark, 7)
 
 
 # -- issue 34, faults 2 and 3: what the shell reports ------------------------------------------------------------
