@@ -373,7 +373,9 @@ class WatermarkTrust:
         state.last = position  # what comes again from here is in order again
         state.acknowledged = {p: None for p in state.acknowledged if p < position}
         if through is not None and through >= position:
-            state.acknowledged_through = None
+            # Moved back to this entry: what is before it stays acknowledged (a second reset back shows again).
+            before = (position[0], position[1] - 1, SEEK_BATCH_END)
+            state.acknowledged_through = before if position[1] > 0 else None
         return True
 
     @staticmethod

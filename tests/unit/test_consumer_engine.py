@@ -476,6 +476,23 @@ def test_a_reset_back_before_a_seek_by_ids_target_before_anything_came_is_a_move
     assert_not_premature(drive.watermark, 6)
 
 
+def test_a_second_reset_back_over_what_a_seek_acknowledged_is_seen_too() -> None:
+    """Failed before (found by the property test with fresh examples): after a seek by id forward to 21, a reset back
+    to 15 was seen, and forgot everything the seek had acknowledged; a second reset back to 5 was then taken as
+    another consumer's giving back, and E(15), computed before it, stood over 7..15 still to come."""
+    drive = Drive()
+    drive.event(2)
+    drive(Sought((-1,), (L, 21), skips_target=True))
+    drive.receive(21, ack=False)  # the seek's target, acknowledged when it comes
+    drive.receive(15)  # a reset back to 15
+    drive.event(21)
+    drive.after(STALE_WINDOW_S)
+    drive(CaughtUp())
+    drive.receive(5, 6)  # a second reset back, to 5
+    drive.event(15)  # computed before it
+    assert_not_premature(drive.watermark, 7)
+
+
 @pytest.mark.xfail(strict=True, reason="open: the known gap of a Shared subscription after a move back")
 def test_after_a_reset_in_a_shared_subscription_a_message_another_consumer_holds_is_unknown() -> None:
     """After a reset back, 7 comes again to another consumer of the Shared subscription, which holds it; what comes
