@@ -113,6 +113,10 @@ class ConsumerWorld:
         self._generator_up = True
         self.moved: set[int] = set()
         """Partitions moved back (a seek, a reset) at least once: see `still_to_come`."""
+        self.elsewhere: dict[int, set[int]] = {}
+        """Entries dispatched to another consumer of the Shared subscription after a move back: see `still_to_come`."""
+        self.received_here: dict[int, set[int]] = {}
+        """Entries ever dispatched to this consumer: only one of them coming again shows it a reset."""
         self.unrecomputed: set[int] = set()
         """Partitions moved back (a seek, a reset) that the generator has not polled since."""
         self.missed: dict[int, WatermarkRead | None] = {}
@@ -173,9 +177,14 @@ class ConsumerWorld:
             return
         if to_other:
             state.others.add(entry)
+            if partition in self.moved:
+                self.elsewhere.setdefault(partition, set()).add(entry)
             return
         state.ours.add(entry)
-        self.unseen_reset.discard(partition)
+        seen = self.received_here.setdefault(partition, set())
+        if entry in seen:  # what comes again shows the reset; an entry never received here does not
+            self.unseen_reset.discard(partition)
+        seen.add(entry)
         if not state.log[entry].marker and self.engine.received_quietly(partition, at(entry)):
             self.check_hand_over(partition, entry)  # the shell's hot path: delivered, nothing else
             self.handed.append((partition, entry))
@@ -364,7 +373,7 @@ class ConsumerWorld:
             item.event_time for partition, state in self.partitions.items()
             if not self.joining(partition) and partition not in self.unseen_reset and partition not in self.missed
             for entry, item in enumerate(state.log) if not item.marker and entry not in state.acked
-            and not (partition in self.moved and entry in state.others)
+            and entry not in self.elsewhere.get(partition, ())
         ]  # fmt: skip
         return min(times, default=None)
 
@@ -391,7 +400,7 @@ class ConsumerWorld:
         if watermark is None:
             return
         if previous is not None and watermark.event_time < previous.event_time:
-            assert self.moved_back, (previous, watermark)
+            assert self.moved_back or self.unseen_reset, (previous, watermark)  # a reset it could not see: later
         if watermark.event_time == self.fold_now():
             self.moved_back = False  # the consumer has seen the move back: it holds the fold there now
 
