@@ -523,7 +523,12 @@ class WatermarkTrust:
             if target is not None and target <= BEFORE_ALL:
                 # To the start: the fold there is no watermark, a fact. Events read from now on may
                 # still be from before the seek: only one at or before what came again is taken.
-                state.held = state.latest = WITHDRAWN
+                # The latest event read stays the latest: a fact of the log before the seek, taken as a guarded
+                # partition takes one once what it covers came again (the generator may not see the move back
+                # when the subscription is where it was before it polls, and then publishes nothing new).
+                state.held = WITHDRAWN
+                if state.latest is None:
+                    state.latest = WITHDRAWN
                 state.floor, state.provisional, state.guarded = None, False, True
                 self._regained.add(partition)
                 continue
