@@ -32,7 +32,8 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   not: one computed before it follows a move back); a seek forward
   of the held event's position, known from its target or from that first message, keeps the held
   watermark: computed before it, it holds for everything after it (but a later event computed at or
-  after the target was read before the seek, and the entries between come again: it is dropped; and a
+  after the target was read before the seek, and the entries between come again: it is taken only once
+  they came again, as a guarded partition takes one; and a
   later event the first message contradicts distrusts from that message, as in `on_event`). A seek to
   the start (`BEFORE_ALL`) needs no wait: the fold there is no watermark, a fact. A seek by publish
   time after which nothing comes here (another consumer of the subscription is the active one) learns
@@ -543,9 +544,9 @@ class WatermarkTrust:
             if state.held is not None and point > state.held.position:
                 # Forward: the held watermark was computed before everything from the target on,
                 # and what came before the target is not delivered any more. An event computed at
-                # or after the target may have been read before the seek: it is not taken.
-                if state.latest is not None and state.latest.position >= point:
-                    state.latest = state.held
+                # or after the target may have been read before the seek: it is not taken now, only as a
+                # guarded partition takes one, once what it covers came again (dropped, it left the consumer
+                # on the held value for good when the generator had nothing new to publish).
                 if state.floor is not None:
                     state.floor, state.provisional = None, False
                     self._regained.add(partition)

@@ -505,6 +505,21 @@ def test_a_seek_to_the_start_after_which_the_generator_publishes_nothing_new_tak
     assert drive.watermark == Watermark(time_of(2))
 
 
+def test_a_seek_forward_keeps_an_event_computed_at_its_target_until_what_it_covers_came() -> None:
+    """Failed before (found by the property test with fresh examples; main's code too): E(10), read after a reset
+    back to 9, was dropped by a seek by id forward to 10; the subscription was back at 10 once the target came, so
+    the generator had nothing new to publish, and the consumer stayed on 1000 for good."""
+    drive = Drive()
+    drive.event(2)
+    drive.receive(*range(3, 11))
+    drive.receive(9)  # a reset back to 9
+    drive.event(10)  # computed before it
+    drive(Sought((-1,), (L, 10), skips_target=True))
+    assert_not_premature(drive.watermark, 9)
+    drive.receive(10, ack=False)  # the target, acknowledged when it comes
+    assert drive.watermark == Watermark(time_of(10))
+
+
 @pytest.mark.xfail(strict=True, reason="open: the known gap of a Shared subscription after a move back")
 def test_after_a_reset_in_a_shared_subscription_a_message_another_consumer_holds_is_unknown() -> None:
     """After a reset back, 7 comes again to another consumer of the Shared subscription, which holds it; what comes
