@@ -46,8 +46,9 @@ class Changes:
 
 
 def test_the_plugin_tells_acknowledgements_seeks_resets_and_removals_as_internal_stats_state_them(
-    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str
 ) -> None:
+    topic = f"persistent://{namespace}/t-{uuid.uuid4().hex[:8]}"  # no generator follows it: the test's consumer owns it
     changes = Changes(admin)
     changes.poll(0)
     generator = pulsar_client.subscribe(topic, GENERATOR_SUBSCRIPTION, consumer_type=pulsar.ConsumerType.Failover,
@@ -90,8 +91,11 @@ def test_the_plugin_tells_acknowledgements_seeks_resets_and_removals_as_internal
 
 
 def test_a_topic_no_generator_follows_costs_nothing_and_is_not_told(
-    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str
 ) -> None:
+    # a namespace of its own: the session's generator follows public/default, and a topic the plugin announces
+    # there is followed at once
+    topic = f"persistent://{namespace}/t-{uuid.uuid4().hex[:8]}"
     changes = Changes(admin)
     changes.poll(0)
     app = pulsar_client.subscribe(topic, "app")
