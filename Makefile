@@ -30,7 +30,7 @@ test: $(STAMP)
 	@echo "[test] ruff, mypy and the unit tests run beside the rest; their report comes at the end ($(BESIDE_LOG))"
 	@( nice -n 10 $(MAKE) --no-print-directory lint && \
 	   nice -n 10 $(PY) -m pytest -m unit -q -p no:cacheprovider ) > $(BESIDE_LOG) 2>&1 & beside=$$!; \
-	$(MAKE) --no-print-directory plugin && $(PY) -m pytest -m integration -q; front=$$?; \
+	$(MAKE) --no-print-directory plugin && $(PY) -m pytest -m integration -q --durations=20; front=$$?; \
 	wait $$beside; beside_status=$$?; \
 	echo "[test] ruff, mypy and the unit tests (run beside):"; cat $(BESIDE_LOG); \
 	echo "[test] lint and unit: $$(test $$beside_status = 0 && echo passed || echo FAILED);" \
