@@ -114,7 +114,16 @@ class PartitionsChanged:
 
 @dataclass(frozen=True, slots=True)
 class CaughtUp:
-    """The feed's reader has read everything published on the companion topic so far."""
+    """The feed's reader has read everything published on the companion topic before monotonic time `as_of`
+    (None: `handle`'s `now`): it found nothing more available then, however busy the topic is."""
+
+    as_of: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Attached:
+    """The consumer attached: the feed has read what the companion topic held (history, handed to nobody);
+    a listener is handed the watermark it holds from now on, once, before anything the feed reads later."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +133,7 @@ class Tick:
 
 Event = (
     Received | Acknowledged | NegativelyAcknowledged | Sought | WatermarkRead | HeadRead | PartitionsChanged
-    | CaughtUp | Tick
+    | CaughtUp | Attached | Tick
 )  # fmt: skip
 
 
@@ -221,6 +230,8 @@ class ConsumerEngine:
         self._seek_targets: dict[int, Entry] = {}
         self._guarded_since: dict[int, float] = {}
         """Partitions that take only events at or before what came since a seek or giving up, since when."""
+        self._stale_since: dict[int, float] = {}
+        """Partitions whose latest event the caught-up rule left `stale` (watermark_core/trust.py), since when."""
         self._joining: set[int] = set()
         """Partitions added to a live topic: out of the minimum until their watermark reaches it."""
         self._delivered: Watermark | None = None
@@ -235,6 +246,12 @@ class ConsumerEngine:
     @property
     def partitions(self) -> list[int]:
         return self.trust.partitions
+
+    @property
+    def waits_for_caught_up(self) -> bool:
+        """Whether a partition takes events only at or before what came since a move back until the reader has
+        caught up (`CaughtUp`): the shell asks the companion topic's reader only then."""
+        return bool(self._guarded_since or self._stale_since)
 
     @property
     def pending(self) -> int:
@@ -273,10 +290,21 @@ class ConsumerEngine:
             for partition in event.partitions:
                 self._know(partition)
         elif isinstance(event, CaughtUp):
+            as_of = now if event.as_of is None else event.as_of
+            for partition, since in list(self._stale_since.items()):
+                # Still the latest a while after the reader caught up: the generator published nothing newer.
+                if as_of - since >= self.limits.fallback_wait_s and self.trust.take_stale(partition):
+                    del self._stale_since[partition]
             for partition, since in list(self._guarded_since.items()):
-                if now - since >= STALE_WINDOW_S:
+                if as_of - since >= STALE_WINDOW_S:
                     del self._guarded_since[partition]
                     self.trust.on_caught_up(partition)
+                    if self.trust.stale(partition):
+                        self._stale_since[partition] = as_of
+        elif isinstance(event, Attached):
+            if self.listener and self._delivered is not None:  # the catch-up's hand-overs went to nobody
+                out.append(HandWatermark(self._delivered))
+            return out
         else:  # Tick
             self._check_time_limits(now, out)
         self._settle(now, out, True)  # off the hot path: look at everything again
@@ -400,6 +428,9 @@ class ConsumerEngine:
         if self._distrusted_since:
             for partition in [p for p in self._distrusted_since if not self.trust.distrusting(p)]:
                 del self._distrusted_since[partition]
+        if self._stale_since:  # taken once what it covers came again, or a newer event read, or a seek
+            for partition in [p for p in self._stale_since if not self.trust.stale(p)]:
+                del self._stale_since[partition]
         if not self.listener:
             if changed:
                 self.current = self.trust.watermark()
@@ -440,6 +471,7 @@ __all__ = [
     "BEFORE_ALL",
     "NO_WATERMARK",
     "Acknowledged",
+    "Attached",
     "CaughtUp",
     "Command",
     "ConsumerEngine",

@@ -23,20 +23,19 @@ import logging
 import threading
 import time
 import weakref
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pulsar
 
+from consumer.dispatcher import LISTENER_POLL_MS, Dispatcher
 from consumer.engine import (
     RECOMPUTE_WAIT_S,
     Acknowledged,
-    Command,
     Deliver,
     HandWatermark,
     NegativelyAcknowledged,
-    Received,
     Sought,
 )
 from consumer.listener import WatermarkListener
@@ -55,9 +54,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 NO_WATERMARK_WARNING_S = 30.0
-LISTENER_POLL_MS = 50
-"""How long the listener's thread waits in `receive` before it hands over what the feed queued meanwhile."""
-_STOP = object()
+
+__all__ = ["LISTENER_POLL_MS", "NO_WATERMARK_WARNING_S", "WatermarkConsumer"]
 
 
 class WatermarkConsumer:
@@ -90,28 +88,25 @@ class WatermarkConsumer:
         self.malformed_markers: Counter[str] = Counter()
         self._late: weakref.WeakSet[pulsar.Message] = weakref.WeakSet()
         self._handed: Watermark | None = None
-        """Listener: the watermark handed to it last (None: none yet, or withdrawn)."""
-        self._closed = False
-        self._inbox: deque[Command | object] = deque()
-        """Listener: the engine's deliveries and watermarks, in its order, for the dispatcher."""
-        self._inbox_changed = threading.Condition()
-        self._room = max(1, int(subscribe_options.get("receiver_queue_size", 1000)))
-        self._dispatcher: threading.Thread | None = None
+        """Listener: the watermark handed to it last (None: none yet, or withdrawn); written on its thread only."""
+        self._closed = threading.Event()
+        room = max(1, int(subscribe_options.get("receiver_queue_size", 1000)))
+        self._dispatcher: Dispatcher | None = None
+        if listener is not None:
+            self._dispatcher = Dispatcher(
+                f"wm-listener-{subscription}", receive=self._receive_one, deliver=self._deliver, hand=self._hand,
+                full=lambda: self._feed.pending >= room,
+            )  # fmt: skip
         self._subscribed = threading.Event()
-        """Set once `subscribe` returned, cleared while a seek replaces the consumer (`_renew`)."""
-        self._replacing = False
-        """A seek is replacing the consumer (`_renew`): calls wait for `_subscribed` instead of taking the hot path."""
-        self._receiving = threading.Lock()
-        """Listener: held by the dispatcher while it receives a message and tells the engine; a seek takes it,
-        so no message received before the seek is told after it."""
-        self._paused = False
-        self._dispatcher_waits = False
+        """Set once `subscribe` returned, cleared while a seek replaces the consumer (`_renew`): calls wait for it
+        instead of taking the hot path."""
         # A broker that is down, a wrong URL, a missing namespace or a refused token: one clear error,
         # and no thread or reader left running behind it.
         with explained(service_url=service_url_of(client), topic=topic, doing="subscribe to"):
             self._feed = WatermarkFeed(
                 client, topic, subscription, lambda _current: None, recompute_wait_s=recompute_wait_s,
-                listener=listener is not None, perform=self._perform if listener is not None else None,
+                listener=listener is not None,
+                perform=self._dispatcher.put if self._dispatcher is not None else None,
                 acknowledge=self._acknowledge_skipped, admin_url=admin_url,
             )  # fmt: skip
             try:
@@ -125,13 +120,10 @@ class WatermarkConsumer:
         self._subscribed.set()
         self._unnamed_partition = self._feed.partition_of(-1)
         """Our name of the partition of a message id with index -1 (the topic's, or one partition's)."""
-        one = self._feed.partitions == [self._unnamed_partition] and not self._feed.engine.follow_new
+        one = self._feed.partitions == [self._unnamed_partition] and not self._feed.follows_new_partitions
         self._only_partition = self._unnamed_partition if one else None
         """The one partition every message comes from (a topic without partitions, or one partition of one)."""
-        if listener is not None:
-            if self._feed.current is not None:  # what the catch-up found, handed over first
-                self._inbox.append(HandWatermark(self._feed.current))
-            self._dispatcher = threading.Thread(target=self._dispatch, name=f"wm-listener-{subscription}", daemon=True)
+        if self._dispatcher is not None:  # the feed queued what the catch-up found (`Attached`), first
             self._dispatcher.start()
         self._inclusive_seek = bool(subscribe_options.get("start_message_id_inclusive", False))
         self._warning = threading.Timer(no_watermark_warning_s, self._warn_if_no_watermark)
@@ -152,7 +144,7 @@ class WatermarkConsumer:
         return self._feed.current
 
     def _warn_if_no_watermark(self) -> None:
-        if self._feed.current is None and not self._closed:
+        if self._feed.current is None and not self._closed.is_set():
             log.warning(
                 "no watermark arrived for subscription %r of %s within %.0f s; messages are still delivered. "
                 "Is the watermark generator ('broker-ext serve') running and following this topic?",
@@ -186,19 +178,14 @@ class WatermarkConsumer:
         return message, marker
 
     def _taken(self, message: pulsar.Message, marker: bool) -> bool:
-        """Tell the engine a message arrived (the hot path first: `ConsumerEngine.received_quietly`);
-        whether it is delivered. A marker is counted (the engine skips and acknowledges it)."""
+        """Tell the feed a message arrived (`WatermarkFeed.received`); whether it is handed over now. A marker is
+        counted (the engine skips and acknowledges it)."""
         partition, position = message._wm_at
-        feed = self._feed
         if not marker:
-            with feed.lock:
-                quiet = feed.engine.received_quietly(partition, position)
-            if quiet:
-                return True
-        commands = feed.report(Received(partition, position, message, marker))
-        if marker:
-            self._count_marker(message, message._message.properties(), position)
-        return any(type(command) is Deliver for command in commands)
+            return self._feed.received(partition, position, message)
+        self._feed.received(partition, position, message, True)
+        self._count_marker(message, message._message.properties(), position)
+        return False
 
     def _count_marker(self, message: pulsar.Message, properties: dict[str, str], position: Position) -> None:
         """Count a hidden marker (and log a malformed one once per kind)."""
@@ -219,7 +206,7 @@ class WatermarkConsumer:
 
     def _note_lateness(self, message: pulsar.Message, watermark: Watermark | None) -> None:
         if watermark is not None:
-            event_time = message.event_timestamp()
+            event_time = message._message.event_timestamp()
             if event_time and event_time < watermark.event_time:
                 self.late_messages += 1
                 self._late.add(message)
@@ -234,29 +221,10 @@ class WatermarkConsumer:
             raise RuntimeError("this consumer has a listener; messages go to it, not to receive()")
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
         left = timeout_millis
-        feed = self._feed
-        lock, engine = feed.lock, feed.engine
         while True:
-            raw = None
-            if not self._replacing:  # the hot path of `_receive_raw`, inline
-                try:  # noqa: SIM105 (`contextlib.suppress` costs per message)
-                    raw = self._raw.receive() if left is None else self._raw.receive(left)
-                except pulsar.AlreadyClosed:
-                    pass
-            message, marker = self._wrap(raw if raw is not None else self._receive_raw(left))
-            if not marker:  # the hot path of `_taken`, inline
-                partition, position = message._wm_at
-                lock.acquire()  # not `with`: a little cheaper, and this runs per message
-                try:
-                    quiet = engine.received_quietly(partition, position)
-                finally:
-                    lock.release()
-            if (not marker and quiet) or self._taken(message, marker):
-                current = feed.engine.current
-                if current is not None:
-                    event_time = message._message.event_timestamp()
-                    if event_time and event_time < current.event_time:
-                        self._note_lateness(message, current)
+            message, marker = self._wrap(self._receive_raw(left))
+            if self._taken(message, marker):
+                self._note_lateness(message, self._feed.current)
                 return message
             if deadline is not None:
                 left = max(0, int((deadline - time.monotonic()) * 1000))
@@ -267,16 +235,12 @@ class WatermarkConsumer:
         if self._listener is not None:
             raise RuntimeError("this consumer has a listener; messages go to it, not to batch_receive()")
         received = [self._wrap(raw) for raw in self._on_raw(lambda c: c.batch_receive())]
-        quiet = 0  # the hot path of `_taken` under one lock, up to the first message it does not take
-        with self._feed.lock:
-            engine = self._feed.engine
-            for message, marker in received:
-                if marker or not engine.received_quietly(*message._wm_at):
-                    break
-                quiet += 1
-        delivered = [message for message, _ in received[:quiet]]
-        delivered.extend(message for message, marker in received[quiet:] if self._taken(message, marker))
-        current = self._feed.engine.current
+        handed = self._feed.received_all([(*message._wm_at, message, marker) for message, marker in received])
+        delivered: list[pulsar.Message] = handed
+        for message, marker in received:
+            if marker:
+                self._count_marker(message, message._message.properties(), message._wm_at[1])
+        current = self._feed.current
         if current is not None:
             for message in delivered:
                 self._note_lateness(message, current)
@@ -285,7 +249,7 @@ class WatermarkConsumer:
     def _receive_raw(self, timeout_millis: int | None) -> Any:
         """The next message from the client's binding (`_pulsar`, what `pulsar.Consumer.receive` calls), waiting
         at most `timeout_millis` (None: as long as it takes)."""
-        if not self._replacing:  # the hot path: no seek is replacing the consumer
+        if self._subscribed.is_set():  # the hot path: no seek is replacing the consumer
             raw = self._raw
             try:
                 return raw.receive() if timeout_millis is None else raw.receive(timeout_millis)
@@ -295,97 +259,53 @@ class WatermarkConsumer:
             return self._on_raw(lambda c: c.receive())
         return self._on_raw(lambda c: c.receive(timeout_millis))
 
-    def _perform(self, commands: list[Command]) -> None:
-        """Listener (under the feed's lock): deliveries and watermarks to the dispatcher, in the engine's order."""
-        items = [c for c in commands if type(c) is Deliver or type(c) is HandWatermark]
-        if items:
-            self._inbox.extend(items)
-            if self._dispatcher_waits and threading.current_thread() is not self._dispatcher:
-                with self._inbox_changed:
-                    self._inbox_changed.notify_all()
+    def _deliver(self, item: Deliver) -> None:
+        """Dispatcher: hand a data message to the listener, under the watermark it holds."""
+        message: pulsar.Message = item.token
+        self._note_lateness(message, self._handed)
+        assert self._listener is not None
+        self._listener.received(self, message)
 
-    def _dispatch(self) -> None:
-        """The one thread that calls the listener, for messages and watermarks alike, in the engine's order.
+    def _hand(self, item: HandWatermark) -> None:
+        """Dispatcher: hand the listener a watermark (a restated one is held without calling it)."""
+        self._handed = None if item.withdrawn else item.watermark
+        assert self._listener is not None
+        if item.restated:
+            return
+        if item.withdrawn:
+            self._listener.watermark_withdrawn(self)
+        else:
+            self._listener.received_watermark(self, item.watermark)
 
-        It receives the messages itself (the client's `message_listener` costs a thread hop per message):
-        it tells the engine each one and hands over what the engine queued, its own deliveries and what the
-        feed's thread queued alike. While it waits in `receive` (at most `LISTENER_POLL_MS`) what the feed
-        queued waits too; it receives nothing while paused (`seek`) or while the listener has
-        `receiver_queue_size` messages waiting (a partition waits for a recomputed watermark), so the
-        client keeps the rest.
-        """
-        listener = self._listener
-        assert listener is not None
-        inbox, changed = self._inbox, self._inbox_changed
-        while not self._closed:
-            while inbox:
-                with changed:  # one at a time: a seek from the listener drops what it received before
-                    if not inbox:
-                        break
-                    item = inbox.popleft()
-                if item is _STOP or self._closed:
-                    return
-                try:
-                    if type(item) is Deliver:
-                        message: pulsar.Message = item.token
-                        handed = self._handed
-                        if handed is not None:
-                            self._note_lateness(message, handed)
-                        listener.received(self, message)
-                    elif isinstance(item, HandWatermark):
-                        self._handed = None if item.withdrawn else item.watermark
-                        if item.restated:
-                            continue
-                        if item.withdrawn:
-                            listener.watermark_withdrawn(self)
-                        else:
-                            listener.received_watermark(self, item.watermark)
-                except Exception:
-                    log.exception("the listener of %r on %s raised; continuing", self.subscription, self.topic)
-            if self._paused or self._feed.engine.pending >= self._room:
-                self._wait_for_inbox(0.5)
-                continue
-            self._receive_one()
-
-    def _receive_one(self) -> None:
-        """Dispatcher: receive a message (if one comes within `LISTENER_POLL_MS`) and tell the engine."""
-        with self._receiving:
-            if self._paused or self._closed:
-                return
-            try:
-                raw = self._raw.receive(LISTENER_POLL_MS)
-            except pulsar.Timeout:
-                return
-            except pulsar.AlreadyClosed:
-                if not self._closed:
-                    self._subscribed.wait(1)
-                return
-            message, marker = self._wrap(raw)
-            try:
-                self._taken(message, marker)  # the engine's deliveries come through `_perform`
-            except Exception:
-                if self._closed:  # closed meanwhile (e.g. acknowledging a marker): the broker redelivers it
-                    log.debug("message %s of %s arrived while closing", raw.message_id(), self.topic, exc_info=True)
-                else:
-                    log.exception("handling message %s of %s failed", raw.message_id(), self.topic)
-
-    def _wait_for_inbox(self, timeout: float) -> None:
-        with self._inbox_changed:
-            self._dispatcher_waits = True
-            if not self._inbox:
-                self._inbox_changed.wait(timeout)
-            self._dispatcher_waits = False
+    def _receive_one(self, timeout_millis: int) -> None:
+        """Dispatcher: receive a message (if one comes within `timeout_millis`) and tell the feed; its deliveries
+        come back through the dispatcher's inbox."""
+        try:
+            raw = self._raw.receive(timeout_millis)
+        except pulsar.Timeout:
+            return
+        except pulsar.AlreadyClosed:
+            if not self._closed.is_set():
+                self._subscribed.wait(1)
+            return
+        message, marker = self._wrap(raw)
+        try:
+            self._taken(message, marker)
+        except Exception:
+            if self._closed.is_set():  # closed meanwhile (e.g. acknowledging a marker): the broker redelivers it
+                log.debug("message %s of %s arrived while closing", raw.message_id(), self.topic, exc_info=True)
+            else:
+                log.exception("handling message %s of %s failed", raw.message_id(), self.topic)
 
     def pause_message_listener(self) -> None:
         """Receive nothing more for the listener until `resume_message_listener` (what was received before,
         and watermarks, still go to it). The consumer's own: its thread receives, not the client's listener."""
-        with self._receiving:
-            self._paused = True
+        if self._dispatcher is not None:
+            self._dispatcher.pause()
 
     def resume_message_listener(self) -> None:
-        self._paused = False
-        with self._inbox_changed:
-            self._inbox_changed.notify_all()
+        if self._dispatcher is not None:
+            self._dispatcher.resume()
 
     # -- pass-through --------------------------------------------------------------------------------
 
@@ -394,26 +314,13 @@ class WatermarkConsumer:
         position it moved back to before the watermark recomputed there has arrived (then sent)."""
         at = getattr(message, "_wm_at", None)
         partition, position = at if at is not None else self._position(message)
-        feed = self._feed
-        lock = feed.lock
-        lock.acquire()  # not `with`: a little cheaper, and this runs per message
-        try:
-            quiet = feed.engine.acknowledged_quietly(partition, position)
-        finally:
-            lock.release()
-        if quiet:
-            if not self._replacing and at is not None:  # the hot path of `_send_acknowledgement`, inline
-                try:
-                    self._raw.acknowledge(message._message)
-                    return
-                except pulsar.AlreadyClosed:
-                    pass
+        if self._feed.acknowledged_quietly(partition, position):
             self._send_acknowledgement(message)
         else:
-            feed.report(Acknowledged(partition, position, functools.partial(self._send_acknowledgement, message)))
+            self._feed.report(Acknowledged(partition, position, functools.partial(self._send_acknowledgement, message)))
 
     def _send_acknowledgement(self, message: Any) -> None:
-        if not self._replacing and type(message) is pulsar.Message:  # the hot path: the binding's own call
+        if self._subscribed.is_set() and type(message) is pulsar.Message:  # the hot path: the binding's own call
             try:
                 self._raw.acknowledge(message._message)
                 return
@@ -449,7 +356,7 @@ class WatermarkConsumer:
             return action(consumer)
         except pulsar.AlreadyClosed:
             self._subscribed.wait()
-            if self._closed or self._consumer is consumer:
+            if self._closed.is_set() or self._consumer is consumer:
                 raise
             return action(self._consumer)
 
@@ -479,35 +386,28 @@ class WatermarkConsumer:
             one = index >= 0 or len(self._feed.partitions) == 1
             partitions = (self._feed.partition_of(index),) if one else None
             entry, skips = (target.ledger_id(), target.entry_id()), self._skips_target(target)
-        if self._listener is not None:  # nothing comes in between: what is queued now came before the seek
-            paused, self._paused = self._paused, True
-            self._receiving.acquire()
-        try:
+        # With a listener nothing is received in between: what is queued now came before the seek.
+        stopped = self._dispatcher.receiving_stopped() if self._dispatcher is not None else contextlib.nullcontext()
+        with stopped:
             self._feed.report(Sought(partitions, entry, skips))  # sends the acknowledgements held first
             self._drop_queued(partitions)
             self._consumer.seek(target)
             if entry is not None and partitions is not None:
                 self._renew()
-        finally:
-            if self._listener is not None:
-                self._receiving.release()
-                self._paused = paused
 
     def _renew(self) -> None:
         """Close the Pulsar consumer and subscribe again, so that no start message id stays behind (see `seek`).
 
         Closing sends the acknowledgements it still groups; meanwhile acknowledgements (`_on_consumer`) wait
-        for the new consumer, and the listener's thread receives nothing (`seek` holds `_receiving`).
+        for the new consumer, and the listener's thread receives nothing (`seek` stops its receiving).
         """
         self._subscribed.clear()
-        self._replacing = True
         try:
             with contextlib.suppress(pulsar.PulsarException):
                 self._consumer.close()
             with explained(service_url=service_url_of(self._client), topic=self.topic, doing="subscribe again to"):
                 self._attach(self._subscribe())
         finally:
-            self._replacing = False
             self._subscribed.set()
 
     def _skips_target(self, target: Any) -> bool:
@@ -520,16 +420,8 @@ class WatermarkConsumer:
 
     def _drop_queued(self, partitions: tuple[int, ...] | None) -> None:
         """Forget the deliveries of these partitions (None: all) waiting for the listener."""
-        if self._listener is None:
-            return
-        with self._feed.lock, self._inbox_changed:  # the feed's thread adds to the inbox under its lock
-            kept = [
-                item for item in self._inbox
-                if not isinstance(item, Deliver)
-                or (partitions is not None and self._position(item.token)[0] not in partitions)
-            ]  # fmt: skip
-            self._inbox.clear()
-            self._inbox.extend(kept)
+        if self._dispatcher is not None:
+            self._dispatcher.drop(lambda token: partitions is None or self._position(token)[0] in partitions)
 
     def __getattr__(self, name: str) -> Any:
         """Everything else (`unsubscribe`, `get_last_message_id`, ...) is the underlying `pulsar.Consumer`'s."""
@@ -540,9 +432,9 @@ class WatermarkConsumer:
 
         The error of the underlying close (e.g. the client was closed first) is raised after them.
         """
-        if self._closed:
+        if self._closed.is_set():
             return
-        self._closed = True
+        self._closed.set()
         self._warning.cancel()
         try:
             self._consumer.close()
@@ -552,10 +444,7 @@ class WatermarkConsumer:
 
     def _stop_dispatcher(self) -> None:
         if self._dispatcher is not None:
-            with self._inbox_changed:
-                self._inbox.appendleft(_STOP)
-                self._inbox_changed.notify_all()
-            self._dispatcher.join(timeout=5)
+            self._dispatcher.stop()
 
     def __enter__(self) -> WatermarkConsumer:
         return self

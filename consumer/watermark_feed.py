@@ -8,8 +8,11 @@ names another topic or subscription is ignored.
 Each event names the mark-delete position it was computed at, and holds only for messages after
 it. Which event may stand over which message, which acknowledgement waits, how long a partition that
 moved back waits for the generator: all that is decided by the consumer's engine (consumer/engine.py).
-The feed owns the engine and its lock: it reads the companion topic into it on the reader's thread, ticks
-it, looks for partitions added to the topic, and passes on what the consumer reports (`handle`).
+The feed owns the engine and its lock, and nobody else touches either: it reads the companion topic into
+it on the reader's thread, ticks it, looks for partitions added to the topic, and passes on what the
+consumer reports. The consumer's hot path is three calls: `received` (a message the client delivered),
+`acknowledged_quietly` (an acknowledgement that changes nothing but what is outstanding) and `report`
+(any other event); and three reads: `current`, `pending`, `follows_new_partitions`.
 """
 
 from __future__ import annotations
@@ -24,14 +27,17 @@ import pulsar
 from consumer.engine import (
     FALLBACK_WAIT_S,
     RECOMPUTE_WAIT_S,
+    Attached,
     CaughtUp,
     Command,
     ConsumerEngine,
+    Deliver,
     Event,
     GaveUp,
     HeadRead,
     Limits,
     PartitionsChanged,
+    Received,
     SendAcknowledgement,
     Tick,
     WatermarkRead,
@@ -98,20 +104,26 @@ class WatermarkFeed:
         self._follow_new_partitions = partitions is None and own_partition == -1 and indexes != [-1]
         self._partition_refresh_s = partition_refresh_s
         limits = Limits(min(fallback_wait_s, recompute_wait_s), recompute_wait_s)
-        self.engine = ConsumerEngine(indexes, listener=listener, limits=limits, follow_new=self._follow_new_partitions)
-        self.lock = threading.Lock()
-        """Held while the engine handles an event and its commands are queued or carried out."""
+        self._engine = ConsumerEngine(indexes, listener=listener, limits=limits, follow_new=self._follow_new_partitions)
+        self._lock = threading.Lock()
+        """Held while the engine handles an event and its commands are queued or carried out (the feed's only)."""
         self._incarnations = Incarnations.for_consumer(admin_url, reader=f"subscription {subscription!r} of {topic}")
         self._companion = CompanionReader(
             client, topic, self._incarnations, on_table=self._on_table, on_head=self._on_head,
-            each_turn=self._each_turn, on_idle=self._on_idle, thread_name=f"wm-feed-{subscription}",
+            each_turn=self._each_turn, on_caught_up=self._on_caught_up, wants_caught_up=self._wants_caught_up,
+            thread_name=f"wm-feed-{subscription}",
         )  # fmt: skip
         # Silent: the history before the latest event (older watermarks, or higher ones from before a
-        # seek) is not the subscription's watermark now and is never handed on; the consumer takes
-        # `current` once this returns.
-        self._caught_up = False
+        # seek) is not the subscription's watermark now and is never handed on. Then the engine hands a
+        # listener what it holds, under the lock and before the reader's thread starts: once, and before
+        # anything read later (issue 34, fault 3).
+        self._attached = threading.Event()
         self._companion.catch_up()
-        self._caught_up = True
+        with self._lock:
+            commands = self._engine.handle(Attached(), time.monotonic())
+            if commands and self._perform is not None:
+                self._perform(commands)
+        self._attached.set()
         self._next_refresh = time.monotonic() + self._partition_refresh_s
         self._companion.start()
 
@@ -120,11 +132,21 @@ class WatermarkFeed:
     @property
     def current(self) -> Watermark | None:
         """The engine's watermark (strict without a listener): one attribute read, no lock."""
-        return self.engine.current
+        return self._engine.current
 
     @property
     def partitions(self) -> list[int]:
-        return self.engine.partitions
+        return self._engine.partitions
+
+    @property
+    def follows_new_partitions(self) -> bool:
+        """Partitions added to the topic later join (a partitioned topic, all of its partitions read)."""
+        return self._follow_new_partitions
+
+    @property
+    def pending(self) -> int:
+        """Listener: messages received that wait to be handed over (one attribute read, no lock)."""
+        return self._engine.pending
 
     @property
     def malformed_events(self) -> int:
@@ -135,12 +157,12 @@ class WatermarkFeed:
     @property
     def gave_up(self) -> int:
         """How often a partition stopped waiting for a recomputed watermark (see `recompute_wait_s`)."""
-        return self.engine.gave_up
+        return self._engine.gave_up
 
     def partition_of(self, index: int) -> int:
         """Our name of a message id's partition index (-1 from a consumer of one partition topic)."""
         if index < 0:
-            known = self.engine.partitions
+            known = self._engine.partitions
             if len(known) == 1:
                 return known[0]
         return index
@@ -149,38 +171,71 @@ class WatermarkFeed:
 
     def report(self, event: Event) -> list[Command]:
         """An event the consumer reports: `perform` under the lock, acknowledgements sent; the commands."""
-        with self.lock:
-            commands = self.engine.handle(event, time.monotonic())
+        with self._lock:
+            commands = self._engine.handle(event, time.monotonic())
             if commands and self._perform is not None:
                 self._perform(commands)
         if commands:
             self._send_acknowledgements(commands)
         return commands
 
-    def received_quietly(self, partition: int, position: Position) -> bool:
-        """`ConsumerEngine.received_quietly` under the lock."""
-        with self.lock:
-            return self.engine.received_quietly(partition, position)
+    def received(self, partition: int, position: Position, message: object, marker: bool = False) -> bool:
+        """The client delivered `message` (the hot path): whether the consumer hands it to the application now.
+
+        A data message that changes nothing but what is outstanding (`ConsumerEngine.received_quietly`) costs
+        one lock; any other is `report`ed (a marker is skipped and acknowledged; with a listener the engine
+        queues it, and it reaches the listener through `perform`)."""
+        if not marker:
+            lock = self._lock
+            lock.acquire()  # not `with`: a little cheaper, and this runs per message
+            try:
+                quiet = self._engine.received_quietly(partition, position)
+            finally:
+                lock.release()
+            if quiet:
+                return True
+        commands = self.report(Received(partition, position, message, marker))
+        return any(type(command) is Deliver for command in commands)
+
+    def received_all(self, messages: list[tuple[int, Position, object, bool]]) -> list[object]:
+        """`received` for a batch (partition, position, message, marker): the messages handed over, in order. The
+        quiet ones up to the first that is not under one lock."""
+        quiet = 0
+        with self._lock:
+            engine = self._engine
+            for partition, position, _, marker in messages:
+                if marker or not engine.received_quietly(partition, position):
+                    break
+                quiet += 1
+        delivered = [message for _, _, message, _ in messages[:quiet]]
+        delivered.extend(item[2] for item in messages[quiet:] if self.received(*item))
+        return delivered
 
     def acknowledged_quietly(self, partition: int, position: Position) -> bool:
-        """`ConsumerEngine.acknowledged_quietly` under the lock."""
-        with self.lock:
-            return self.engine.acknowledged_quietly(partition, position)
+        """The hot path of an acknowledgement: True if it changes nothing but what is outstanding (the caller sends
+        it at once); False, nothing changed: `report(Acknowledged(...))` instead."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            return self._engine.acknowledged_quietly(partition, position)
+        finally:
+            lock.release()
 
     def _feed(self, event: Event) -> None:
         """An event the feed itself read or timed: its commands carried out, the change told."""
-        with self.lock:
-            before = self.engine.current
-            commands = self.engine.handle(event, time.monotonic())
-            if commands and self._caught_up and self._perform is not None:  # catching up: history (`_catch_up`)
+        with self._lock:
+            before = self._engine.current
+            commands = self._engine.handle(event, time.monotonic())
+            attached = self._attached.is_set()  # before: catching up, history
+            if commands and attached and self._perform is not None:
                 self._perform(commands)
-            after = self.engine.current
+            after = self._engine.current
         if commands:
             self._send_acknowledgements(commands)
             for command in commands:
                 if isinstance(command, GaveUp):
                     self._log_gave_up(command)
-        if self._caught_up and (after != before or (after is None) != (before is None)):
+        if attached and (after != before or (after is None) != (before is None)):
             self._on_change(after)
 
     def _send_acknowledgements(self, commands: list[Command]) -> None:
@@ -216,7 +271,8 @@ class WatermarkFeed:
         except Exception:
             log.debug("looking up the partitions of %s failed; trying again later", self.topic, exc_info=True)
             return
-        added = [p for p in indexes if p >= 0 and p not in self.engine.trust]
+        with self._lock:
+            added = [p for p in indexes if p >= 0 and p not in self._engine.trust]
         if added:
             log.info("%s: partitions %s added; following them for subscription %r", self.topic, added,
                      self.subscription)  # fmt: skip
@@ -230,8 +286,12 @@ class WatermarkFeed:
             self._refresh_partitions()
             self._next_refresh = time.monotonic() + self._partition_refresh_s
 
-    def _on_idle(self) -> None:
-        self._feed(CaughtUp())  # nothing more published: events from before a seek are all read
+    def _on_caught_up(self, as_of: float) -> None:
+        self._feed(CaughtUp(as_of))  # everything published before `as_of` is read: events from before a seek too
+
+    def _wants_caught_up(self) -> bool:
+        with self._lock:
+            return self._engine.waits_for_caught_up
 
     def _on_head(self, head: HeadWatermark) -> None:
         """The watermark at a position of a partition's log: not a subscription's, but a fact the trust rule

@@ -44,6 +44,8 @@ CATCH_UP_LIMIT_S = 10.0
 """How long `catch_up` reads what is already there, at most."""
 READ_WAIT_MS = 200
 """How long the reading thread waits for the next event before its `each_turn` runs again."""
+CAUGHT_UP_CHECK_S = 0.1
+"""How often, at most, the reading thread asks whether it has read everything published (`on_caught_up`)."""
 
 
 class CompanionReader:
@@ -51,8 +53,11 @@ class CompanionReader:
 
     `on_table(events)` gets the events of one `SendWatermark` table about `topic`, `on_head(head)` each
     head event about it, and only those about its current incarnation (`incarnations.holds`). On the
-    reading thread, `each_turn()` runs before every wait for the next event and `on_idle()` when none
-    came within `READ_WAIT_MS` (everything published so far has been read).
+    reading thread, `each_turn()` runs before every wait for the next event, and `on_caught_up(as_of)` when the
+    reader has read everything published before monotonic time `as_of`: it asked (`has_message_available`, at
+    most every `CAUGHT_UP_CHECK_S`, and only while `wants_caught_up()` says someone waits for it) and nothing
+    more was there. Not "nothing came for a while": a busy companion topic (other subscriptions' tables every
+    50 ms) is never quiet, and the consumer waited for good (issue 34, fault 2).
     """
 
     def __init__(
@@ -64,13 +69,15 @@ class CompanionReader:
         on_table: Callable[[list[WatermarkEvent]], None],
         on_head: Callable[[HeadWatermark], None],
         each_turn: Callable[[], None] | None = None,
-        on_idle: Callable[[], None] | None = None,
+        on_caught_up: Callable[[float], None] | None = None,
+        wants_caught_up: Callable[[], bool] | None = None,
         thread_name: str | None = None,
     ) -> None:
         self.topic = base_topic_and_partition(topic)[0]
         self._incarnations = incarnations
         self._on_table, self._on_head = on_table, on_head
-        self._each_turn, self._on_idle = each_turn, on_idle
+        self._each_turn, self._on_caught_up, self._wants_caught_up = each_turn, on_caught_up, wants_caught_up
+        self._next_check = 0.0
         self._thread_name = thread_name or f"wm-companion-{self.topic}"
         self.malformed_events = 0
         companion = watermark_topic_for(topic)
@@ -97,11 +104,11 @@ class CompanionReader:
         while not self._stop.is_set():
             if self._each_turn is not None:
                 self._each_turn()
+            if self._on_caught_up is not None:
+                self._check_caught_up(self._on_caught_up)
             try:
                 message = self._reader.read_next(timeout_millis=READ_WAIT_MS)
             except pulsar.Timeout:
-                if self._on_idle is not None:
-                    self._on_idle()
                 continue
             except pulsar.AlreadyClosed:
                 return
@@ -112,6 +119,21 @@ class CompanionReader:
                 time.sleep(1)
                 continue
             self._handle(message)
+
+    def _check_caught_up(self, on_caught_up: Callable[[float], None]) -> None:
+        """`on_caught_up(asked)` if nothing more is available now (a call to the broker when the reader is at
+        the end: asked only when someone waits, and not more often than `CAUGHT_UP_CHECK_S`)."""
+        asked = time.monotonic()
+        if asked < self._next_check or (self._wants_caught_up is not None and not self._wants_caught_up()):
+            return
+        self._next_check = asked + CAUGHT_UP_CHECK_S
+        try:
+            available = self._reader.has_message_available()
+        except Exception:  # reconnecting: ask again next turn
+            log.debug("asking the reader of %s for more failed", self.topic, exc_info=True)
+            return
+        if not available:
+            on_caught_up(asked)
 
     def _handle(self, message: pulsar.Message) -> None:
         kind = message.properties().get(EVENT_PROPERTY)

@@ -32,7 +32,8 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   not: one computed before it follows a move back); a seek forward
   of the held event's position, known from its target or from that first message, keeps the held
   watermark: computed before it, it holds for everything after it (but a later event computed at or
-  after the target was read before the seek, and the entries between come again: it is dropped; and a
+  after the target was read before the seek, and the entries between come again: it is taken only once
+  they came again, as a guarded partition takes one; and a
   later event the first message contradicts distrusts from that message, as in `on_event`). A seek to
   the start (`BEFORE_ALL`) needs no wait: the fold there is no watermark, a fact. A seek by publish
   time after which nothing comes here (another consumer of the subscription is the active one) learns
@@ -46,8 +47,9 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   watermark still holds, but an event read from now on may have been computed before the move back,
   so the partition is guarded from that message on, as after a seek (issue 25's property test found
   a reset back to a marker that let such an event stand). What this consumer acknowledged since the
-  held event is remembered for that (the last `ACKNOWLEDGED_KEPT`); a message another consumer of a
-  Shared subscription gave back was never acknowledged here, so it does not count;
+  held event is remembered for that (the last `ACKNOWLEDGED_KEPT`), and everything before a seek's
+  known target (the seek acknowledged it); a message another consumer of a Shared subscription gave back
+  was never acknowledged here, so it does not count;
 - **negative acknowledgements**: a nacked message is not outstanding any more (it may go to another
   consumer, or to a dead-letter topic); if it comes back it is received again. Until then (or until an
   event computed after it says it was acknowledged elsewhere) no fact at or after it is fallen back
@@ -67,9 +69,14 @@ while it distrusts that event, the earliest entry it must protect (`floor`):
   and not before the fact it holds, as soon as nothing contradicts it: an event read now may have
   been computed before the move back, and one beyond what came since would stand over entries still
   to come (issue 25, case 1). `on_caught_up` (the reader has read everything published since) ends
-  it. This is what ends the wait in a Shared subscription where another consumer acknowledged its
-  copy of a message this one holds: the generator never computes a watermark before that message
-  again (chaos seed 214393).
+  it; the latest event read while guarded is still taken only at or before the frontier (`stale`): it
+  may have been computed before the move back, and what it covers may not have come again (issue 34,
+  fault 1: a reset back to entry 5 while E(20) was in flight took E(20) a second later); or once the
+  reader caught up again a while later with nothing newer (`take_stale`: the caller's clock), since what
+  it covers may never come *here* (an inactive Failover consumer, a Shared one). Giving up
+  is what ends the wait in a Shared subscription where another consumer acknowledged its copy of a
+  message this one holds: the generator never computes a watermark before that message again (chaos
+  seed 214393).
   Callers log it.
 
 Partitioned topics: a consumer's watermark is the minimum over partitions. `watermark()` is the
@@ -111,6 +118,9 @@ WITHDRAWN = Computed(BEFORE_ALL, None)
 """What a partition holds after `give_up` without a fact to fall back on: no watermark, contradicted by no message."""
 
 FACTS_KEPT = 256
+
+SEEK_BATCH_END = 2**31
+"""A batch index after every message of an entry: a seek acknowledges whole entries before its target."""
 
 ACKNOWLEDGED_KEPT = 10_000
 """Acknowledgements remembered per partition since the held event, to tell a move back from what comes again."""
@@ -163,6 +173,10 @@ class PartitionTrust:
     guarded: bool = False
     """After a seek or `give_up`: events read may have been computed before the move back (the companion
     topic's reader lags), so one is taken only at or before the frontier, until `on_caught_up`."""
+    stale: Computed | None = None
+    """The latest event when the reader caught up (`on_caught_up`), read while guarded and refused for being beyond
+    the frontier: it may have been computed before the move back, so it is taken only as a guarded partition takes
+    one, once what it covers came again (issue 34, fault 1). Events read after it are taken as usual."""
     last: Position | None = None
     """The latest position received: a message at or before it comes out of order (see `on_message`)."""
     acknowledged: dict[Position, None] = field(default_factory=dict)
@@ -184,12 +198,13 @@ class PartitionTrust:
     def lowest_queued(self) -> Entry | None:
         return min((position[:2] for position in self.queued), default=None)
 
-    def accepts(self, position: Entry) -> bool:
-        """Whether an event computed at `position` is before everything this partition protects."""
+    def accepts(self, position: Entry, guarded: bool | None = None) -> bool:
+        """Whether an event computed at `position` is before everything this partition protects (`guarded`: with
+        the guarded rule or not; by default as the partition is)."""
         if self.floor is not None:
             if position >= self.floor:
                 return False
-        elif self.guarded and (
+        elif (self.guarded if guarded is None else guarded) and (
             self.frontier is None
             or position > self.frontier
             or (self.held is not None and position < self.held.position)
@@ -262,6 +277,11 @@ class WatermarkTrust:
         event = Computed((int(position[0]), int(position[1])), event_time)
         before, state.latest = state.latest, event
         state.facts.append(event)
+        if state.stale is not None:
+            if event == state.stale:  # restated (a table for another subscription): as stale as it was
+                state.stale = event
+                return Outcome.ACCEPTED if self._take_latest(partition) else Outcome.IGNORED
+            state.stale = None  # read after the reader caught up: computed after the move back
         if state.by_time and state.provisional and self._landed(state, event, before):
             self._take_latest(partition, anywhere=True)
             return Outcome.REGAINED
@@ -291,18 +311,26 @@ class WatermarkTrust:
         """A message (data or marker) was received at `position`, before it is handed to anyone;
         `queued`: it waits to be handed to a listener (then `on_handed_over`)."""
         state = self._partitions[partition]
-        last = state.last
-        if last is None or position > last:  # in order (the hot path): no move back
+        last, through = state.last, state.acknowledged_through
+        entry = position[:2]
+        again = False  # delivered again after a move back: what came before it here comes again too
+        if (last is None or position > last) and (through is None or position > through):  # in order: no move back
             state.last, moved_back = position, False
         else:
+            held = state.held
+            # At or before the held event's position, a first copy was acknowledged when that event was computed.
+            again = (
+                held is not None and entry <= held.position
+                and position not in state.outstanding and entry not in state.nacked
+            )  # fmt: skip
             moved_back = self._came_again(state, position)
+            again = again or moved_back
         state.outstanding.add(position)
         if state.nacked:
-            state.nacked.discard(position[:2])
+            state.nacked.discard(entry)
         if queued:
             state.queued[position] = state.queued.get(position, 0) + 1
-        entry = position[:2]
-        if state.frontier is None or entry > state.frontier:
+        if again or state.frontier is None or entry > state.frontier:
             state.frontier = entry
         if state.floor is not None and state.provisional:
             # The first message after a seek: where delivery really starts. After the held event's
@@ -331,7 +359,7 @@ class WatermarkTrust:
             # computed before the move; take one only at or before what comes again (as after a seek).
             state.frontier, state.guarded = entry, True
             self._moved_back.add(partition)
-        elif state.guarded and state.latest is not state.held:
+        elif (state.guarded or state.stale is not None) and state.latest is not state.held:
             self._take_latest(partition)  # the frontier passed it
 
     @staticmethod
@@ -346,7 +374,9 @@ class WatermarkTrust:
         state.last = position  # what comes again from here is in order again
         state.acknowledged = {p: None for p in state.acknowledged if p < position}
         if through is not None and through >= position:
-            state.acknowledged_through = None
+            # Moved back to this entry: what is before it stays acknowledged (a second reset back shows again).
+            before = (position[0], position[1] - 1, SEEK_BATCH_END)
+            state.acknowledged_through = before if position[1] > 0 else None
         return True
 
     @staticmethod
@@ -367,8 +397,35 @@ class WatermarkTrust:
         state = self._partitions[partition]
         if state.guarded:
             state.guarded = False
-            if state.floor is None:
+            if state.floor is None and state.latest is not state.held:
+                # The latest event was read while guarded: it may be from before the move back. Taken now only
+                # if the guarded rule takes it, else once the frontier reaches it (`stale`).
+                state.stale = state.latest
                 self._take_latest(partition)
+
+    def take_stale(self, partition: int) -> bool:
+        """The reader caught up again `FALLBACK_WAIT_S` (consumer/engine.py) after `on_caught_up` left the latest
+        event `stale`, and the generator published nothing newer for the subscription meanwhile: it recomputes
+        within about a second of a move back it sees, so it saw none to recompute (the subscription is where the
+        event says: another consumer got what it covers, an inactive Failover one or a Shared one; a seek went
+        nowhere), or it cannot now (it is down). The event is taken as an unguarded partition takes one (chaos
+        seeds 509827, 509833, 509854: waiting for what it covers to come here left such consumers without the
+        final watermark for good). Whether it was taken."""
+        state = self._partitions[partition]
+        if state.stale is None or state.latest is not state.stale:
+            return False
+        # Not guarded again, unlike when the frontier reaches it: everything published until a while after it
+        # was read, so what comes later is newer (the generator's recomputed event after it comes back too).
+        state.stale = None
+        if self._take_latest(partition, unguarded=True):
+            return True
+        state.stale = state.latest  # something outstanding or queued is before it: at the next catch-up
+        return False
+
+    def stale(self, partition: int) -> bool:
+        """Whether the partition's latest event waits as `stale` (see `on_caught_up`, `take_stale`)."""
+        state = self._partitions.get(partition)
+        return state is not None and state.stale is not None
 
     def on_negatively_acknowledged(self, partition: int, position: Position) -> None:
         """The application negatively acknowledged a message: it is not this consumer's any more (the broker
@@ -384,14 +441,14 @@ class WatermarkTrust:
         partition trusts, is not guarded, and the message comes after the held event. False, and nothing
         changed, otherwise: then call `on_message`."""
         state = self._partitions.get(partition)
-        if state is None or state.floor is not None or state.guarded or state.nacked:
+        if state is None or state.floor is not None or state.guarded or state.nacked or state.stale is not None:
             return False
         entry = position[:2]
         if state.held is not None and entry <= state.held.position:
             return False
-        last = state.last
-        if last is not None and position <= last:
-            return False  # out of order: maybe a move back (`on_message`)
+        last, through = state.last, state.acknowledged_through
+        if (last is not None and position <= last) or (through is not None and position <= through):
+            return False  # out of order, or acknowledged by a seek: maybe a move back (`on_message`)
         state.last = position
         state.outstanding.add(position)
         if state.frontier is None or entry > state.frontier:
@@ -458,13 +515,21 @@ class WatermarkTrust:
             state.outstanding, state.queued, state.nacked = set(), {}, set()
             state.last, state.acknowledged_through = None, None  # what comes again is expected now
             state.acknowledged.clear()
+            if target is not None and target > BEFORE_ALL:
+                # The broker acknowledges everything before the target: coming again later, it shows a move back.
+                state.acknowledged_through = (target[0], target[1] - 1, SEEK_BATCH_END)
             # What comes next starts at the target (delivered again, even when skipped): before it.
             state.frontier = None if target is None else (target[0], target[1] - 1)
-            state.joining, state.guarded, state.by_time = None, True, False
+            state.joining, state.guarded, state.by_time, state.stale = None, True, False, None
             if target is not None and target <= BEFORE_ALL:
                 # To the start: the fold there is no watermark, a fact. Events read from now on may
                 # still be from before the seek: only one at or before what came again is taken.
-                state.held = state.latest = WITHDRAWN
+                # The latest event read stays the latest: a fact of the log before the seek, taken as a guarded
+                # partition takes one once what it covers came again (the generator may not see the move back
+                # when the subscription is where it was before it polls, and then publishes nothing new).
+                state.held = WITHDRAWN
+                if state.latest is None:
+                    state.latest = WITHDRAWN
                 state.floor, state.provisional, state.guarded = None, False, True
                 self._regained.add(partition)
                 continue
@@ -479,9 +544,9 @@ class WatermarkTrust:
             if state.held is not None and point > state.held.position:
                 # Forward: the held watermark was computed before everything from the target on,
                 # and what came before the target is not delivered any more. An event computed at
-                # or after the target may have been read before the seek: it is not taken.
-                if state.latest is not None and state.latest.position >= point:
-                    state.latest = state.held
+                # or after the target may have been read before the seek: it is not taken now, only as a
+                # guarded partition takes one, once what it covers came again (dropped, it left the consumer
+                # on the held value for good when the generator had nothing new to publish).
                 if state.floor is not None:
                     state.floor, state.provisional = None, False
                     self._regained.add(partition)
@@ -512,6 +577,7 @@ class WatermarkTrust:
         state = self._partitions[partition]
         state.held = self._best_fact(state) or WITHDRAWN
         state.floor, state.provisional, state.guarded, state.by_time = None, False, True, False
+        state.stale = None
         self._take_latest(partition)
 
     @staticmethod
@@ -535,9 +601,10 @@ class WatermarkTrust:
         """While distrusting: take the latest event if it is before everything the partition protects now."""
         return self._partitions[partition].floor is not None and self._take_latest(partition)
 
-    def _take_latest(self, partition: int, *, anywhere: bool = False) -> bool:
+    def _take_latest(self, partition: int, *, anywhere: bool = False, unguarded: bool = False) -> bool:
         """Take the latest event if it is not the held one and nothing the partition protects contradicts it
-        (`anywhere`: whatever it was computed at; nothing is outstanding or queued after a seek).
+        (`anywhere`: whatever it was computed at; nothing is outstanding or queued after a seek; `unguarded`:
+        without the guarded rule, a `stale` event too).
 
         By identity: the generator republishes an unchanged value after a move back, and that event,
         equal to the held one, is the evidence a distrusted partition waits for.
@@ -545,9 +612,15 @@ class WatermarkTrust:
         state = self._partitions[partition]
         if state.latest is None or state.latest is state.held:
             return False
-        if not anywhere and not state.accepts(state.latest.position):
+        stale = state.latest is state.stale
+        if not anywhere and not state.accepts(state.latest.position, False if unguarded else state.guarded or stale):
             return False
         state.held, state.floor, state.provisional, state.by_time = state.latest, None, False, False
+        if stale:
+            # Taken late: older events computed before it (after the move back) may still be unread. Guarded
+            # again (not older than it) until the reader catches up, so the watermark does not go back.
+            state.stale, state.guarded = None, True
+            self._moved_back.add(partition)
         self._forget_acknowledged(state)
         self._regained.add(partition)
         self._join(partition)
@@ -582,7 +655,8 @@ class WatermarkTrust:
     # -- outputs ------------------------------------------------------------------------------------
 
     def drain_moved_back(self) -> list[int]:
-        """Partitions guarded since the last call because a message came again (see `on_message`)."""
+        """Partitions guarded since the last call because a message came again (see `on_message`), or because
+        they took a `stale` event: until the reader catches up (`on_caught_up`)."""
         moved, self._moved_back = sorted(self._moved_back), set()
         return moved
 

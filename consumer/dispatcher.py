@@ -1,0 +1,141 @@
+"""The listener's one thread: it receives from the client itself and calls the listener in the engine's order.
+
+`WatermarkConsumer` with a `WatermarkListener` hands the engine's deliveries and watermarks to a `Dispatcher`
+(`put`, called under the feed's lock, so the inbox keeps the engine's order whichever thread the commands came
+from: the dispatcher's own receive, the feed's reader, the application's acknowledgements). Its thread takes
+them one at a time and calls `deliver`/`hand`; when the inbox is empty it calls `receive` (the consumer's: one
+message from the client, told to the engine, at most `LISTENER_POLL_MS`), unless paused (`pause`, `receiving`
+while a seek runs) or the application has `full()` messages waiting (the client keeps the rest).
+
+The client's `message_listener` is not used: it costs a thread hop per message. Everything shared between
+threads is a lock, a condition or an event; no plain flag.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from consumer.engine import Command, Deliver, HandWatermark
+
+log = logging.getLogger(__name__)
+
+LISTENER_POLL_MS = 50
+"""How long the thread waits in `receive` before it hands over what the feed queued meanwhile."""
+PAUSED_WAIT_S = 0.5
+"""How long the thread waits for the inbox while it may not receive, before it looks again."""
+
+
+class Dispatcher:
+    """The inbox and the thread (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        receive: Callable[[int], None],
+        deliver: Callable[[Deliver], None],
+        hand: Callable[[HandWatermark], None],
+        full: Callable[[], bool],
+    ) -> None:
+        self._receive, self._deliver, self._hand, self._full = receive, deliver, hand, full
+        self._inbox: deque[Deliver | HandWatermark] = deque()
+        self._changed = threading.Condition()
+        """Guards `_inbox` and `_waiting`; notified when something was put while the thread waits."""
+        self._waiting = False
+        """The thread waits on `_changed` (read and written under it)."""
+        self._paused = threading.Event()
+        self._stopped = threading.Event()
+        self._receiving = threading.Lock()
+        """Held while the thread receives a message and tells the engine (`receiving` takes it)."""
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # -- the inbox ---------------------------------------------------------------------------------------
+
+    def put(self, commands: list[Command]) -> None:
+        """The engine's deliveries and watermarks, in its order (the feed's `perform`, under its lock)."""
+        items = [c for c in commands if type(c) is Deliver or type(c) is HandWatermark]
+        if items:
+            with self._changed:
+                self._inbox.extend(items)
+                if self._waiting:
+                    self._changed.notify_all()
+
+    def drop(self, dropped: Callable[[object], bool]) -> None:
+        """Forget the deliveries whose token is `dropped` (a seek: delivery starts again from its target)."""
+        with self._changed:
+            kept = [item for item in self._inbox if type(item) is not Deliver or not dropped(item.token)]
+            self._inbox.clear()
+            self._inbox.extend(kept)
+
+    # -- receiving ---------------------------------------------------------------------------------------
+
+    @contextmanager
+    def receiving_stopped(self) -> Iterator[None]:
+        """Nothing is received meanwhile, and what was received before is in the engine (a seek)."""
+        paused = self._paused.is_set()
+        self._paused.set()
+        with self._receiving:
+            try:
+                yield
+            finally:
+                if not paused:
+                    self._paused.clear()
+
+    def pause(self) -> None:
+        with self._receiving:
+            self._paused.set()
+
+    def resume(self) -> None:
+        self._paused.clear()
+        with self._changed:
+            self._changed.notify_all()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopped.set()
+        with self._changed:
+            self._changed.notify_all()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=timeout)
+
+    # -- the thread --------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            while True:
+                with self._changed:  # one at a time: a seek from the listener drops what came before it
+                    if not self._inbox:
+                        break
+                    item = self._inbox.popleft()
+                if self._stopped.is_set():
+                    return
+                try:
+                    if type(item) is Deliver:
+                        self._deliver(item)
+                    else:
+                        self._hand(item)  # type: ignore[arg-type]
+                except Exception:
+                    log.exception("the listener raised; continuing")
+            if self._paused.is_set() or self._full():
+                self._wait(PAUSED_WAIT_S)
+                continue
+            with self._receiving:
+                if self._paused.is_set() or self._stopped.is_set():
+                    continue
+                self._receive(LISTENER_POLL_MS)
+
+    def _wait(self, timeout: float) -> None:
+        with self._changed:
+            if self._inbox or self._stopped.is_set():
+                return
+            self._waiting = True
+            try:
+                self._changed.wait(timeout)
+            finally:
+                self._waiting = False

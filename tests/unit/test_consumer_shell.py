@@ -1,0 +1,311 @@
+"""The consumer's shell (consumer/watermark_consumer.py, consumer/watermark_feed.py, pulsar_access/companion.py)
+against a hand-written fake client (tests/unit/fake_pulsar.py): threads, the inbox, what the client is asked."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pulsar
+import pytest
+
+from consumer.engine import Sought
+from consumer.listener import WatermarkListener
+from consumer.watermark_consumer import WatermarkConsumer
+from consumer.watermark_feed import WatermarkFeed
+from tests.unit.fake_pulsar import (
+    SUBSCRIPTION,
+    TOPIC,
+    UNREACHABLE_ADMIN,
+    FakeClient,
+    data,
+    eventually,
+    marker,
+)
+from watermark_core.protocol import Watermark
+
+pytestmark = pytest.mark.unit
+
+
+class Recorder(WatermarkListener):
+    def __init__(self) -> None:
+        self.seen: list[object] = []
+        self.lock = threading.Lock()
+
+    def received(self, consumer: WatermarkConsumer, message: pulsar.Message) -> None:
+        with self.lock:
+            self.seen.append(message.data())
+        consumer.acknowledge(message)
+
+    def received_watermark(self, consumer: WatermarkConsumer, watermark: Watermark) -> None:
+        with self.lock:
+            self.seen.append(watermark.event_time)
+
+    def watermarks(self) -> list[object]:
+        with self.lock:
+            return [item for item in self.seen if isinstance(item, int)]
+
+
+@pytest.fixture
+def client() -> FakeClient:
+    return FakeClient()
+
+
+def feed_of(client: FakeClient, **options: object) -> WatermarkFeed:
+    return WatermarkFeed(client, TOPIC, SUBSCRIPTION, lambda _current: None, admin_url=UNREACHABLE_ADMIN, **options)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def closing() -> Iterator[list[WatermarkFeed | WatermarkConsumer]]:
+    opened: list[WatermarkFeed | WatermarkConsumer] = []
+    yield opened
+    for thing in opened:
+        thing.close()
+
+
+# -- issue 34, fault 2: a busy companion topic ------------------------------------------------------------------
+
+
+def test_a_seek_by_time_takes_the_generators_next_event_while_the_companion_topic_is_never_quiet(
+    client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
+) -> None:
+    """Failed before: "caught up" needed 200 ms without any event on the companion topic; another subscription's
+    table every 50 ms never gave them, so every event after a seek by publish time was refused."""
+    client.publish_table(10, 5000)
+    feed = feed_of(client)
+    closing.append(feed)
+    assert feed.current == Watermark(5000, computed_at=((-1, 7, 10),))
+    stop = threading.Event()
+
+    def busy() -> None:
+        while not stop.wait(0.05):
+            client.publish_table(3, 100, subscription="another")
+
+    neighbour = threading.Thread(target=busy, daemon=True)
+    neighbour.start()
+    try:
+        feed.report(Sought(None, None))  # forward by publish time; nothing comes to this consumer
+        assert feed.current is None
+        threading.Event().wait(1.3)  # the reader has read everything published until a second after the seek
+        client.publish_table(30, 9000)  # computed after the seek
+        assert eventually(lambda: feed.current is not None, timeout=3.0), "stuck behind a busy companion topic"
+        assert feed.current is not None and feed.current.event_time == 9000
+    finally:
+        stop.set()
+        neighbour.join()
+
+
+# -- issue 34, fault 3: attaching while the feed hands watermarks over ------------------------------------------
+
+
+def test_a_listener_attached_while_the_feed_reads_gets_each_watermark_once_and_never_older_after_newer(
+    client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
+) -> None:
+    """Failed before: the feed's thread queued 600 while `subscribe` ran, then the constructor queued the current
+    watermark (600) again: the listener got [600, 600]; read at another moment, an older value after a newer."""
+    client.publish_table(10, 500)  # what the catch-up finds
+
+    def generator_publishes_meanwhile() -> None:
+        client.publish_table(12, 600)
+        client.read_all()
+
+    client.on_subscribe = generator_publishes_meanwhile
+    listener = Recorder()
+    consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, listener, admin_url=UNREACHABLE_ADMIN)
+    closing.append(consumer)
+    assert eventually(lambda: listener.watermarks() == [500, 600]), listener.watermarks()
+    threading.Event().wait(0.2)
+    assert listener.watermarks() == [500, 600]
+
+
+def test_a_listener_gets_data_and_watermarks_in_order_and_markers_are_hidden(
+    client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
+) -> None:
+    client.publish_table(0, 1000)
+    listener = Recorder()
+    consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, listener, admin_url=UNREACHABLE_ADMIN)
+    closing.append(consumer)
+    client.send(data(1, 1000), marker(2, 2000), data(3, 2000))
+    assert eventually(lambda: len(listener.seen) == 3)
+    assert listener.seen == [1000, b"data-1", b"data-3"]
+    assert eventually(lambda: len(client.binding.acknowledged) == 3)  # both data messages and the marker
+    assert consumer.markers_hidden == 1
+
+
+# -- WatermarkConsumer without a listener ------------------------------------------------------------------------
+
+
+def test_receive_hides_markers_and_acknowledges_them_and_the_hot_path_acknowledges_through_the_binding(
+    client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
+) -> None:
+    client.publish_table(0, 1000)
+    consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, admin_url=UNREACHABLE_ADMIN)
+    closing.append(consumer)
+    client.send(marker(2, 2000), data(3, 500), data(5, 2500))
+    first = consumer.receive(1000)
+    assert first.data() == b"data-3" and consumer.markers_hidden == 1
+    assert consumer.is_late(first)  # 500 under the watermark 1000
+    second = consumer.receive(1000)
+    assert second.data() == b"data-5" and not consumer.is_late(second)
+    consumer.acknowledge(first)
+    consumer.acknowledge(second)
+    assert [raw.id.entry for raw in client.binding.acknowledged] == [2, 3, 5]
+    assert consumer.get_last_watermark() == Watermark(1000, computed_at=((-1, 7, 0),))
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(50)
+
+
+def test_batch_receive_takes_the_markers_out(
+    client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
+) -> None:
+    client.publish_table(0, 1000)
+    consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, admin_url=UNREACHABLE_ADMIN)
+    closing.append(consumer)
+    client.send(data(1, 1000), marker(2, 2000), data(3, 2000), marker(4, 3000))
+    assert [message.data() for message in consumer.batch_receive()] == [b"data-1", b"data-3"]
+    assert consumer.markers_hidden == 2
+    assert [raw.id.entry for raw in client.binding.acknowledged] == [2, 4]
+
+
+def test_a_reset_back_seen_from_what_comes_again_holds_the_watermark_where_it_was(
+    client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
+) -> None:
+    client.publish_table(2, 1000)
+    consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, admin_url=UNREACHABLE_ADMIN)
+    closing.append(consumer)
+    client.send(*(data(entry, 1000 * entry) for entry in range(3, 9)))
+    for _ in range(6):
+        consumer.acknowledge(consumer.receive(1000))
+    client.send(data(5, 5000))  # an operator's reset-cursor: 5 comes again
+    consumer.acknowledge(consumer.receive(1000))
+    client.publish_table(8, 8000)  # computed before the reset
+    client.read_all()
+    current = consumer.get_last_watermark()
+    assert current is not None and current.event_time == 1000
+
+
+def test_a_seek_by_id_subscribes_again_and_acknowledges_the_target_when_it_comes(
+    client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
+) -> None:
+    client.publish_table(10, 5000)
+    consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, admin_url=UNREACHABLE_ADMIN)
+    closing.append(consumer)
+    target = pulsar.MessageId(-1, 7, 4, -1)
+    consumer.seek(target)
+    assert len(client.consumers) == 2 and client.consumers[0].sought == [target]
+    assert consumer.get_last_watermark() is None  # back of the held event: distrusted
+    client.send(data(4, 4000), data(5, 5000))
+    assert consumer.receive(1000).data() == b"data-5"  # the target is skipped
+    assert client.binding.acknowledged == []  # its acknowledgement waits for a watermark computed before it
+    client.publish_table(3, 1500)
+    assert eventually(lambda: [raw.id.entry for raw in client.binding.acknowledged] == [4])
+    assert consumer.get_last_watermark() == Watermark(1500, computed_at=((-1, 7, 3),))
+
+
+# -- the listener's dispatcher -----------------------------------------------------------------------------------
+
+
+def test_pausing_the_listener_receives_nothing_until_resumed(
+    client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
+) -> None:
+    client.publish_table(0, 1000)
+    listener = Recorder()
+    consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, listener, admin_url=UNREACHABLE_ADMIN)
+    closing.append(consumer)
+    assert eventually(lambda: listener.seen == [1000])
+    consumer.pause_message_listener()
+    client.send(data(1, 1000))
+    threading.Event().wait(0.3)
+    assert listener.seen == [1000]
+    consumer.resume_message_listener()
+    assert eventually(lambda: listener.seen == [1000, b"data-1"])
+
+
+def test_closing_stops_the_listeners_thread_and_the_feeds(
+    client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
+) -> None:
+    listener = Recorder()
+    consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, listener, admin_url=UNREACHABLE_ADMIN)
+    names = {thread.name for thread in threading.enumerate()}
+    assert f"wm-listener-{SUBSCRIPTION}" in names and f"wm-feed-{SUBSCRIPTION}" in names
+    consumer.close()
+    assert eventually(lambda: not {f"wm-listener-{SUBSCRIPTION}", f"wm-feed-{SUBSCRIPTION}"} & {
+        thread.name for thread in threading.enumerate()
+    })  # fmt: skip
+    assert client.reader.closed and client.binding.closed
+
+
+# -- WatermarkFeed ------------------------------------------------------------------------------------------------
+
+
+def test_the_feed_tells_a_change_and_the_hot_path_delivers_without_commands(
+    client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
+) -> None:
+    changes: list[Watermark | None] = []
+    client.publish_table(0, 1000)
+    feed = WatermarkFeed(client, TOPIC, SUBSCRIPTION, changes.append, admin_url=UNREACHABLE_ADMIN)
+    closing.append(feed)
+    assert changes == [] and feed.current is not None  # the catch-up is history: not told
+    assert feed.received(-1, (7, 1, -1), "m1")
+    assert feed.acknowledged_quietly(-1, (7, 1, -1))
+    assert not feed.received(-1, (7, 2, -1), "marker", marker=True)
+    batch = [(-1, (7, 3, -1), "m3", False), (-1, (7, 4, -1), "w", True), (-1, (7, 5, -1), "m5", False)]
+    assert feed.received_all(batch) == ["m3", "m5"]
+    client.publish_table(4, 3000)
+    assert eventually(lambda: len(changes) == 1)  # 3 and 5 are outstanding: no change (distrusted, None)
+    assert changes == [None]
+    assert not feed.acknowledged_quietly(-1, (7, 3, -1))  # distrusting: the full path
+
+
+def test_the_consumer_goes_through_the_feeds_api_only() -> None:
+    """Issue 34: the feed is the one owner of the engine and its lock."""
+    from pathlib import Path
+
+    source = (Path(__file__).parents[2] / "consumer" / "watermark_consumer.py").read_text()
+    for reach_in in ("feed.lock", "feed.engine", "_feed._", "ConsumerEngine", "received_quietly("):
+        assert reach_in not in source, reach_in
+
+
+# -- CompanionReader ----------------------------------------------------------------------------------------------
+
+
+def test_the_companion_reader_asks_for_more_only_while_someone_waits_for_caught_up(client: FakeClient) -> None:
+    from pulsar_access.companion import CompanionReader
+    from pulsar_access.incarnations import Incarnations
+
+    wants = threading.Event()
+    caught_up: list[float] = []
+    tables: list[object] = []
+    reader = CompanionReader(
+        client, TOPIC, Incarnations(None), on_table=tables.append, on_head=tables.append,
+        on_caught_up=caught_up.append, wants_caught_up=wants.is_set,
+    )  # fmt: skip
+    client.publish_table(3, 100)
+    reader.catch_up()
+    asked = client.reader.availability_asked  # the catch-up's questions
+    reader.start()
+    try:
+        threading.Event().wait(0.3)
+        assert client.reader.availability_asked == asked and caught_up == []
+        wants.set()
+        assert eventually(lambda: len(caught_up) >= 2)
+        assert len(tables) == 1
+    finally:
+        reader.close()
+
+
+def test_the_companion_reader_skips_malformed_events_and_other_topics(client: FakeClient) -> None:
+    from pulsar_access.companion import CompanionReader
+    from pulsar_access.incarnations import Incarnations
+    from tests.unit.fake_pulsar import FakeId, FakeRaw
+    from watermark_core.protocol import EVENT_PROPERTY, SEND_WATERMARK, WatermarkEvent, encode_table
+
+    tables: list[object] = []
+    reader = CompanionReader(client, TOPIC, Incarnations(None), on_table=tables.append, on_head=tables.append)
+    other = WatermarkEvent(TOPIC + "-other", -1, SUBSCRIPTION, 5, (7, 1), 1)
+    client.reader.queue.put(FakeRaw(FakeId(1, 1), encode_table([other]), {EVENT_PROPERTY: SEND_WATERMARK}))
+    client.reader.queue.put(FakeRaw(FakeId(1, 2), b"\x00garbage", {EVENT_PROPERTY: SEND_WATERMARK}))
+    client.publish_table(3, 100)
+    reader.catch_up()
+    reader.close()
+    assert reader.malformed_events == 1 and len(tables) == 1
