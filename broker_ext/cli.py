@@ -50,7 +50,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from broker_ext.status import render, status_rows
 
-    print(render(status_rows(PulsarSettings.from_env(), args.topic)))
+    print(render(status_rows(PulsarSettings.from_env(), args.topic, args.timeout)))
     return 0
 
 
@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.set_defaults(run=_serve)
     status = commands.add_parser("status", help="show a topic's subscriptions, positions and watermarks")
     status.add_argument("topic", help="topic name, short (my-topic) or persistent://tenant/ns/name")
+    status.add_argument("--timeout", type=int, default=10, metavar="SECONDS",
+                        help="how long to wait for a broker that does not answer (default: 10)")  # fmt: skip
     status.set_defaults(run=_status)
     args = parser.parse_args(argv)
     logging.basicConfig(

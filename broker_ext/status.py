@@ -46,11 +46,15 @@ def latest_events(client: pulsar.Client, topic: str) -> dict[tuple[int, str], Wa
     return latest
 
 
-def status_rows(settings: PulsarSettings, topic: str) -> list[dict[str, str]]:
+STATUS_TIMEOUT_S = 10
+"""How long `broker-ext status` waits for a broker that does not answer (interactive: say so soon)."""
+
+
+def status_rows(settings: PulsarSettings, topic: str, timeout_s: int = STATUS_TIMEOUT_S) -> list[dict[str, str]]:
     name = full_name(topic)
     admin = PulsarAdmin(settings)
-    # interactive: a broker that is away fails in 10 s; errors only (closing the table view warns)
-    client = settings.client(operation_timeout_seconds=10, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    # errors only: closing the table view warns
+    client = settings.client(operation_timeout_seconds=timeout_s, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     try:
         try:
             partitions = admin.partitions(name)

@@ -170,7 +170,7 @@ def test_status_with_a_wrong_service_url_is_one_line(
 ) -> None:
     admin.create_topic(topic)
     wrong = f"pulsar://127.0.0.1:{free_port()}"
-    result = broker_ext(["status", topic], pulsar_settings, PULSAR_SERVICE_URL=wrong)
+    result = broker_ext(["status", topic, "--timeout", "2"], pulsar_settings, PULSAR_SERVICE_URL=wrong)
     assert result.returncode == 2
     line = the_line(result.stderr)
     assert wrong in line and "PULSAR_SERVICE_URL" in line
