@@ -47,6 +47,12 @@ FEEDS = 100
 NEW_TOPICS = 10
 
 
+def _machine_busy_seconds() -> float:
+    """CPU seconds every core of the machine spent not idle (nor waiting for I/O) since boot, from /proc/stat."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, log_dir: Path,
                 topics: int = TOPICS) -> dict[str, float | int | str]:  # fmt: skip
     broker = broker_pid(settings)
@@ -78,12 +84,23 @@ def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAd
         say(f"  idle: the generator {gen_idle:.4f} of a core; this process's plain clients {clients_idle:.4f}")
 
         measured_from = time.perf_counter()
+        busy = _machine_busy_seconds()
+        cpu, gen_cpu, own_cpu = process_cpu_seconds(broker), gen.cpu_seconds(), process_cpu_seconds(os.getpid())
         ticker = threading.Thread(target=spread_wsets, args=(many.producers, PERIOD_S, stop), daemon=True)
         ticker.start()
         time.sleep(MEASURE_S)
         stop.set()
         ticker.join()
         ended = time.perf_counter()
+        window = ended - measured_from
+        loaded = {  # shares of a core over the latency window: is the machine the bound?
+            "machine": (_machine_busy_seconds() - busy) / window,
+            "broker": (process_cpu_seconds(broker) - cpu) / window,
+            "generator": (gen.cpu_seconds() - gen_cpu) / window,
+            "clients": (process_cpu_seconds(os.getpid()) - own_cpu) / window,
+        }
+        say("  while measuring, shares of a core: " + ", ".join(f"{k} {v:.2f}" for k, v in loaded.items())
+            + f" (of {os.cpu_count()})")  # fmt: skip
     finally:
         stop.set()
         if gen is not None:
@@ -103,6 +120,10 @@ def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAd
         "generator_takeover_s_5000_topics": round(takeover, 1),
         "watermark_latency_5000_topics_p50_ms": round(p50, 1),
         "watermark_latency_5000_topics_p99_ms": round(p99, 1),
+        "cpu_while_measuring_5000_topics": ", ".join(f"{k} {v:.2f}" for k, v in loaded.items()),
+        "cpu_while_measuring_5000_topics_how": f"shares of a core over the latency window, of {os.cpu_count()} cores: "
+        "the whole machine (from /proc/stat), the standalone broker, the generator, and this benchmark's own process "
+        "(the topics' producers, consumers and feeds)",
         "generator_idle_cpu_5000_topics_how": f"{topics} non-partitioned topics, one subscription each (a plain "
         f"consumer acknowledging at once), one W_SET each, then nothing: the generator's process CPU over "
         f"{IDLE_S:.0f} s after its take-over, in shares of a core; broker_extra_idle_cpu_5000_topics is the "
