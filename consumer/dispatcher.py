@@ -5,7 +5,9 @@
 from: the dispatcher's own receive, the feed's reader, the application's acknowledgements). Its thread takes
 them one at a time and calls `deliver`/`hand`; when the inbox is empty it calls `receive` (the consumer's: one
 message from the client, told to the engine, at most `LISTENER_POLL_MS`), unless paused (`pause`, `receiving`
-while a seek runs) or the application has `full()` messages waiting (the client keeps the rest).
+while a seek runs) or the application has `full()` messages waiting (the client keeps the rest). A message the
+engine lets go at once (the hot path: nothing queued, `idle()` under the feed's lock) comes back from `receive`
+and is delivered next, without the inbox; a seek drops it as it drops the inbox's.
 
 The client's `message_listener` is not used: it costs a thread hop per message. Everything shared between
 threads is a lock, a condition or an event; no plain flag.
@@ -36,15 +38,17 @@ class Dispatcher:
         self,
         name: str,
         *,
-        receive: Callable[[int], None],
-        deliver: Callable[[Deliver], None],
+        receive: Callable[[int], object],
+        deliver: Callable[[object], None],
         hand: Callable[[HandWatermark], None],
         full: Callable[[], bool],
     ) -> None:
         self._receive, self._deliver, self._hand, self._full = receive, deliver, hand, full
         self._inbox: deque[Deliver | HandWatermark] = deque()
+        self._direct: object = None
+        """The message `receive` returned to be delivered next, without the inbox (None: none)."""
         self._changed = threading.Condition()
-        """Guards `_inbox` and `_waiting`; notified when something was put while the thread waits."""
+        """Guards `_inbox`, `_direct` and `_waiting`; notified when something was put while the thread waits."""
         self._waiting = False
         """The thread waits on `_changed` (read and written under it)."""
         self._paused = threading.Event()
@@ -67,12 +71,18 @@ class Dispatcher:
                 if self._waiting:
                     self._changed.notify_all()
 
+    def idle(self) -> bool:
+        """Nothing waits in the inbox (asked under the feed's lock, where everything is `put`)."""
+        return not self._inbox
+
     def drop(self, dropped: Callable[[object], bool]) -> None:
         """Forget the deliveries whose token is `dropped` (a seek: delivery starts again from its target)."""
         with self._changed:
             kept = [item for item in self._inbox if type(item) is not Deliver or not dropped(item.token)]
             self._inbox.clear()
             self._inbox.extend(kept)
+            if self._direct is not None and dropped(self._direct):
+                self._direct = None
 
     # -- receiving ---------------------------------------------------------------------------------------
 
@@ -117,7 +127,7 @@ class Dispatcher:
                     return
                 try:
                     if type(item) is Deliver:
-                        self._deliver(item)
+                        self._deliver(item.token)
                     else:
                         self._hand(item)  # type: ignore[arg-type]
                 except Exception:
@@ -128,7 +138,19 @@ class Dispatcher:
             with self._receiving:
                 if self._paused.is_set() or self._stopped.is_set():
                     continue
-                self._receive(LISTENER_POLL_MS)
+                token = self._receive(LISTENER_POLL_MS)
+                if token is None:
+                    continue
+                with self._changed:
+                    self._direct = token
+            with self._changed:  # outside `_receiving`: the listener may seek
+                token, self._direct = self._direct, None
+            if token is None or self._stopped.is_set():
+                continue
+            try:
+                self._deliver(token)
+            except Exception:
+                log.exception("the listener raised; continuing")
 
     def _wait(self, timeout: float) -> None:
         with self._changed:

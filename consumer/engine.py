@@ -328,10 +328,11 @@ class ConsumerEngine:
         return out
 
     def received_quietly(self, partition: int, position: Position) -> bool:
-        """`handle(Received(partition, position, token))` for a data message without a listener, when
-        its only command would be `Deliver` and nothing else would change (every partition trusts and no
-        seek target waits): True, deliver it. False, nothing changed: call `handle`."""
-        if self.listener or self._distrusted_since or self._seek_targets:
+        """`handle(Received(partition, position, token))` for a data message, when its only command would be
+        `Deliver` and nothing else would change (every partition trusts and no seek target waits; with a
+        listener, nothing waits to be handed over and the listener holds what it may): True, deliver it now
+        (a listener: before anything the engine commands later). False, nothing changed: call `handle`."""
+        if self._distrusted_since or self._seek_targets or (self.listener and (self._pending or self._stale)):
             return False
         return self.trust.on_message_quietly(partition, position)
 

@@ -33,7 +33,6 @@ from consumer.dispatcher import LISTENER_POLL_MS, Dispatcher
 from consumer.engine import (
     RECOMPUTE_WAIT_S,
     Acknowledged,
-    Deliver,
     HandWatermark,
     NegativelyAcknowledged,
     Sought,
@@ -107,6 +106,7 @@ class WatermarkConsumer:
                 client, topic, subscription, lambda _current: None, recompute_wait_s=recompute_wait_s,
                 listener=listener is not None,
                 perform=self._dispatcher.put if self._dispatcher is not None else None,
+                idle=self._dispatcher.idle if self._dispatcher is not None else None,
                 acknowledge=self._acknowledge_skipped, admin_url=admin_url,
             )  # fmt: skip
             try:
@@ -259,9 +259,8 @@ class WatermarkConsumer:
             return self._on_raw(lambda c: c.receive())
         return self._on_raw(lambda c: c.receive(timeout_millis))
 
-    def _deliver(self, item: Deliver) -> None:
+    def _deliver(self, message: pulsar.Message) -> None:
         """Dispatcher: hand a data message to the listener, under the watermark it holds."""
-        message: pulsar.Message = item.token
         self._note_lateness(message, self._handed)
         assert self._listener is not None
         self._listener.received(self, message)
@@ -277,25 +276,27 @@ class WatermarkConsumer:
         else:
             self._listener.received_watermark(self, item.watermark)
 
-    def _receive_one(self, timeout_millis: int) -> None:
-        """Dispatcher: receive a message (if one comes within `timeout_millis`) and tell the feed; its deliveries
-        come back through the dispatcher's inbox."""
+    def _receive_one(self, timeout_millis: int) -> pulsar.Message | None:
+        """Dispatcher: receive a message (if one comes within `timeout_millis`) and tell the feed: the message if
+        the engine lets it go at once (the dispatcher delivers it next); else its deliveries come back through the
+        dispatcher's inbox."""
         try:
             raw = self._raw.receive(timeout_millis)
         except pulsar.Timeout:
-            return
+            return None
         except pulsar.AlreadyClosed:
             if not self._closed.is_set():
                 self._subscribed.wait(1)
-            return
+            return None
         message, marker = self._wrap(raw)
         try:
-            self._taken(message, marker)
+            return message if self._taken(message, marker) else None
         except Exception:
             if self._closed.is_set():  # closed meanwhile (e.g. acknowledging a marker): the broker redelivers it
                 log.debug("message %s of %s arrived while closing", raw.message_id(), self.topic, exc_info=True)
             else:
                 log.exception("handling message %s of %s failed", raw.message_id(), self.topic)
+            return None
 
     def pause_message_listener(self) -> None:
         """Receive nothing more for the listener until `resume_message_listener` (what was received before,

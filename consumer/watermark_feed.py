@@ -73,7 +73,9 @@ class WatermarkFeed:
     partitioned topic partitions added later join. `perform(commands)` carries out what the engine asks
     after an event the feed read (by default: send the acknowledgements it releases); it runs under
     the feed's lock, so commands of all threads keep the engine's order; the acknowledgements are sent
-    after it, by calling their token (or `acknowledge(token)` for a message the engine skipped).
+    after it, by calling their token (or `acknowledge(token)` for a message the engine skipped). `idle()`: with
+    `perform`, whether everything performed was carried out (the listener's inbox is empty); only then may a
+    message the engine lets go at once be handed over by the caller (`received`).
     `admin_url`: where the topic property naming the topic's incarnation is read (`Incarnations.for_consumer`).
     """
 
@@ -90,6 +92,7 @@ class WatermarkFeed:
         partition_refresh_s: float = PARTITION_REFRESH_S,
         listener: bool = False,
         perform: Perform | None = None,
+        idle: Callable[[], bool] | None = None,
         acknowledge: Callable[[object], None] | None = None,
         admin_url: str | None = None,
     ) -> None:
@@ -99,6 +102,7 @@ class WatermarkFeed:
         self._topic_name = topic
         self._on_change = on_change
         self._perform = perform
+        self._idle = idle
         self._acknowledge = acknowledge
         indexes = partitions if partitions is not None else partition_indexes(client, topic)
         self._follow_new_partitions = partitions is None and own_partition == -1 and indexes != [-1]
@@ -180,22 +184,24 @@ class WatermarkFeed:
         return commands
 
     def received(self, partition: int, position: Position, message: object, marker: bool = False) -> bool:
-        """The client delivered `message` (the hot path): whether the consumer hands it to the application now.
+        """The client delivered `message` (the hot path): whether the caller hands it to the application now.
 
-        A data message that changes nothing but what is outstanding (`ConsumerEngine.received_quietly`) costs
-        one lock; any other is `report`ed (a marker is skipped and acknowledged; with a listener the engine
-        queues it, and it reaches the listener through `perform`)."""
+        A data message that changes nothing but what is outstanding (`ConsumerEngine.received_quietly`; with
+        `perform`, only while `idle()`: nothing commanded before it is still to be carried out) costs one lock,
+        and the caller hands it over; any other is `report`ed (a marker is skipped and acknowledged; with
+        `perform` the engine's `Deliver` reaches the application through it, and the caller hands nothing)."""
         if not marker:
             lock = self._lock
+            idle = self._idle
             lock.acquire()  # not `with`: a little cheaper, and this runs per message
             try:
-                quiet = self._engine.received_quietly(partition, position)
+                quiet = (idle is None or idle()) and self._engine.received_quietly(partition, position)
             finally:
                 lock.release()
             if quiet:
                 return True
         commands = self.report(Received(partition, position, message, marker))
-        return any(type(command) is Deliver for command in commands)
+        return self._perform is None and any(type(command) is Deliver for command in commands)
 
     def received_all(self, messages: list[tuple[int, Position, object, bool]]) -> list[object]:
         """`received` for a batch (partition, position, message, marker): the messages handed over, in order. The

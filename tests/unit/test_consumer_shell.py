@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pulsar
 import pytest
 
-from consumer.engine import Sought
+from consumer.dispatcher import Dispatcher
+from consumer.engine import Deliver, HandWatermark, Sought
 from consumer.listener import WatermarkListener
 from consumer.watermark_consumer import WatermarkConsumer
 from consumer.watermark_feed import WatermarkFeed
@@ -255,6 +256,54 @@ def test_the_feed_tells_a_change_and_the_hot_path_delivers_without_commands(
     assert eventually(lambda: len(changes) == 1)  # 3 and 5 are outstanding: no change (distrusted, None)
     assert changes == [None]
     assert not feed.acknowledged_quietly(-1, (7, 3, -1))  # distrusting: the full path
+
+
+def test_with_a_listener_the_hot_path_hands_over_only_while_nothing_waits_in_the_inbox(
+    client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
+) -> None:
+    """A message the engine lets go at once is handed over by the caller, without the inbox, only when everything
+    commanded before it was carried out; else it goes through the engine and the inbox, after what waits there."""
+    performed: list[object] = []
+    inbox_empty = True
+    client.publish_table(0, 1000)
+    feed = WatermarkFeed(
+        client, TOPIC, SUBSCRIPTION, lambda _current: None, admin_url=UNREACHABLE_ADMIN, listener=True,
+        perform=performed.extend, idle=lambda: inbox_empty,
+    )  # fmt: skip
+    closing.append(feed)
+    performed.clear()  # the watermark handed on attaching
+    assert feed.received(-1, (7, 1, -1), "m1")
+    assert performed == []
+    inbox_empty = False  # e.g. a watermark the feed's reader queued, not handed yet
+    assert not feed.received(-1, (7, 2, -1), "m2")
+    assert [type(c).__name__ for c in performed] == ["Deliver"] and performed[0].token == "m2"  # type: ignore[attr-defined]
+    inbox_empty = True  # m2 handed over: the hot path again
+    assert feed.received(-1, (7, 3, -1), "m3")
+    assert len(performed) == 1
+
+
+def test_the_dispatcher_delivers_what_receive_lets_go_after_the_inbox_and_before_what_comes_later() -> None:
+    order: list[object] = []
+    tokens = iter(["direct", None])
+    dispatcher: Dispatcher
+
+    def receive(_timeout: int) -> object:
+        token = next(tokens, None)
+        if token == "direct":
+            dispatcher.put([HandWatermark(Watermark(7))])  # commanded after the message was let go
+        return token
+
+    dispatcher = Dispatcher(
+        "test-dispatcher", receive=receive, deliver=order.append,
+        hand=lambda item: order.append(item.watermark.event_time), full=lambda: False,
+    )  # fmt: skip
+    dispatcher.put([Deliver("queued"), HandWatermark(Watermark(5))])
+    dispatcher.start()
+    try:
+        assert eventually(lambda: len(order) == 4), order
+        assert order == ["queued", 5, "direct", 7]
+    finally:
+        dispatcher.stop()
 
 
 def test_the_consumer_goes_through_the_feeds_api_only() -> None:
