@@ -733,7 +733,9 @@ class Scenario:
                 sub.name, final, {n: t for n, t in reached.items() if n in names}, FINAL_BOUND_S
             )
             if not self.backlog_drains(sub.name):
-                self.violations.append(Violation("message-lost", sub.name, "backlog not empty at the end"))
+                self.violations.append(Violation(
+                    "message-lost", sub.name, f"backlog not empty at the end: {self.subscription_snapshot(sub.name)}"
+                ))  # fmt: skip
                 self.notes.append(f"{sub.name} at the end: {self.subscription_snapshot(sub.name)}")
         if self.cluster.keep_history:
             judging = time.monotonic()
