@@ -133,6 +133,10 @@ class ConsumerWorld:
         self.watermark: Watermark | None = None
         """What the application holds: the listener's last hand-over, or `get_last_watermark()`."""
         self.moved_back = False
+        self.since_move: dict[int, set[int]] = {}
+        """Per partition moved back, the positions the generator published events at since the move: only a
+        watermark from those says the consumer holds the fold where the subscription moved to (an event read
+        late, from before the move, can have the same value and say nothing of it)."""
         self.unseen_reset: set[int] = set()
         """Partitions an operator's reset-cursor moved, with no message of theirs received since: the consumer
         learns of a reset only from what comes again, so until then what it holds may be above their messages."""
@@ -256,6 +260,7 @@ class ConsumerWorld:
             return
         state.move(target)
         self.moved_back = True
+        self.since_move[partition] = set()
         self.moved.add(partition)
         self.unrecomputed.add(partition)
         if not self.generator_up:
@@ -288,6 +293,8 @@ class ConsumerWorld:
             self.unrecomputed.discard(partition)
             if self.published.get(partition, -2) != mark_delete and (fold is not None or self.publishes_none):
                 self.published[partition] = mark_delete
+                if partition in self.since_move:
+                    self.since_move[partition].add(mark_delete)
                 event = WatermarkRead(partition, (L, mark_delete), fold)
                 self.channel.append(event)
                 if partition in self.missed and self.missed[partition] is None:
@@ -401,8 +408,13 @@ class ConsumerWorld:
             return
         if previous is not None and watermark.event_time < previous.event_time:
             assert self.moved_back or self.unseen_reset, (previous, watermark)  # a reset it could not see: later
-        if watermark.event_time == self.fold_now():
+        if watermark.event_time == self.fold_now() and all(
+            entry in self.since_move[partition]
+            for partition, _, entry in watermark.computed_at
+            if partition in self.since_move
+        ):
             self.moved_back = False  # the consumer has seen the move back: it holds the fold there now
+            self.since_move.clear()
 
     def settle(self, *, elsewhere: bool = False, marker: bool = True) -> None:
         """The generator live, the application acknowledging everything, time passing: until nothing changes.

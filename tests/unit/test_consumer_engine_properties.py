@@ -333,3 +333,18 @@ def test_a_seek_by_time_after_a_reset_while_its_event_is_in_flight() -> None:
     world.reset_while_in_flight(-1, 2, 1)
     play(world, [("poll",), ("seek", 0, 0, "time"), ("read_to_end",)], [])
     assert_converges(world, (False, False))
+
+
+def test_an_event_from_before_a_reset_read_late_does_not_say_the_consumer_saw_the_reset() -> None:
+    """Found with 5000 fresh examples (session 15): after a reset back to entry 1, the event computed at entry 0
+    before it (1000, the fold there too) was read late, then one computed at 3 before it (1001); the generator's
+    recomputed event at 1 (1000) took the watermark back. The move back came only through a second copy of a
+    message this consumer still held (acknowledged elsewhere), which no consumer can tell from a redelivery; the
+    event at 1 says it. The world took the late 1000 as the consumer holding the fold after the move: only an
+    event the generator published since the move says that (`ConsumerWorld.since_move`)."""
+    first = [Entry("a", 1000, True), Entry("a", 1000, False), Entry("a", 1000, True), Entry("a", 1001, True)]
+    first += [Entry("a", 1001, False)] * 19
+    world = started(first, [Entry("a", 1000, True)], listener=True, partitioned=False, publishes_none=False)
+    play(world, [("deliver", 0, 4), ("poll",), ("copy_acknowledged_elsewhere", 0), ("reset_while_in_flight", 0, 3, 1)],
+         [Entry("a", 0, True)])  # fmt: skip
+    assert_converges(world, (False, False))
