@@ -15,7 +15,6 @@ or splitting (unloads and splits are the operator's, or the chaos suite's, to ma
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import functools
 import os
@@ -441,20 +440,12 @@ class MultiBrokerCluster:
         return sorted(set(configured) | set(recorded), key=lambda n: (order.get(n.split("-")[0], 4), n))
 
     def down(self) -> list[str]:
-        """Stop generators, brokers, bookies and the metadata store, in that order, by their recorded pids; the
-        processes of one kind side by side (each broker's graceful shutdown takes seconds)."""
-        stages: dict[str, list[str]] = {}
-        for name in self._names():
-            stages.setdefault(name.split("-")[0], []).append(name)
-
-        def stop(name: str) -> bool:
-            return stop_recorded(self._pid_file(name), grace_s=10 if name.startswith("generator") else 20)
-
-        stopped: list[str] = []
-        for names in stages.values():  # in `_names`' order
-            with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
-                stopped += [name for name, found in zip(names, pool.map(stop, names), strict=True) if found]
-        return stopped
+        """Stop generators, brokers, bookies and the metadata store, in that order, by their recorded pids."""
+        return [
+            name
+            for name in self._names()
+            if stop_recorded(self._pid_file(name), grace_s=10 if name.startswith("generator") else 20)
+        ]
 
     def status(self) -> dict[str, int | None]:
         return {name: self.running_pid(name) for name in reversed(self._names())}
