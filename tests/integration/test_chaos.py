@@ -26,7 +26,7 @@ def test_short_fault_injection_set_finds_no_violation(
     client = suite_client(pulsar_broker.settings, tmp_path)
     try:
         cluster = Cluster(pulsar_broker.settings, client, admin, tmp_path, pulsar_broker.restart)
-        results = run_many(cluster, SHORT_SET, parallel=1)
+        results = run_many(cluster, SHORT_SET, parallel=2)  # as `make chaos` runs them
     finally:
         client.close()
     totals = summary(results, 0.0)
