@@ -64,6 +64,16 @@ def closing() -> Iterator[list[WatermarkFeed | WatermarkConsumer]]:
         thing.close()
 
 
+def listening(
+    client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
+) -> tuple[Recorder, WatermarkConsumer]:
+    """A consumer of the fake topic with a `Recorder` as its listener, closed after the test."""
+    listener = Recorder()
+    consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, listener, admin_url=UNREACHABLE_ADMIN)
+    closing.append(consumer)
+    return listener, consumer
+
+
 # -- issue 34, fault 2: a busy companion topic ------------------------------------------------------------------
 
 
@@ -111,9 +121,7 @@ def test_a_listener_attached_while_the_feed_reads_gets_each_watermark_once_and_n
         client.read_all()
 
     client.on_subscribe = generator_publishes_meanwhile
-    listener = Recorder()
-    consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, listener, admin_url=UNREACHABLE_ADMIN)
-    closing.append(consumer)
+    listener, _ = listening(client, closing)
     assert eventually(lambda: listener.watermarks() == [500, 600]), listener.watermarks()
     threading.Event().wait(0.2)
     assert listener.watermarks() == [500, 600]
@@ -123,9 +131,7 @@ def test_a_listener_gets_data_and_watermarks_in_order_and_markers_are_hidden(
     client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
 ) -> None:
     client.publish_table(0, 1000)
-    listener = Recorder()
-    consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, listener, admin_url=UNREACHABLE_ADMIN)
-    closing.append(consumer)
+    listener, consumer = listening(client, closing)
     client.send(data(1, 1000), marker(2, 2000), data(3, 2000))
     assert eventually(lambda: len(listener.seen) == 3)
     assert listener.seen == [1000, b"data-1", b"data-3"]
@@ -210,9 +216,7 @@ def test_pausing_the_listener_receives_nothing_until_resumed(
     client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
 ) -> None:
     client.publish_table(0, 1000)
-    listener = Recorder()
-    consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, listener, admin_url=UNREACHABLE_ADMIN)
-    closing.append(consumer)
+    listener, consumer = listening(client, closing)
     assert eventually(lambda: listener.seen == [1000])
     consumer.pause_message_listener()
     client.send(data(1, 1000))
