@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import pulsar
 
-from bench.common import metric_samples, say
+from bench.common import metric_samples, process_cpu_seconds, say
 from bench.generator import FAST_ENV, Generator, _new_namespace
 from bench.generator_scale import _Latencies
 from consumer.watermark_feed import WatermarkFeed
@@ -42,11 +42,6 @@ SLOW_ACK_DELAY_S = 10.0
 SLOW_MEASURE_S = 50.0
 SLOW_FEEDS = 100
 """Latency is sampled on this many of the topics: a thousand feeds' threads would starve the bench's own process."""
-
-
-def process_cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def listening_pid(port: int) -> int | None:

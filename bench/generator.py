@@ -15,7 +15,7 @@ from pathlib import Path
 import pulsar
 import requests
 
-from bench.common import metric_samples, say
+from bench.common import metric_samples, process_cpu_seconds, say
 from broker_ext.config import GeneratorConfig
 from broker_ext.service import GeneratorService
 from consumer.watermark_feed import WatermarkFeed
@@ -51,8 +51,7 @@ class Generator:
                                      stderr=subprocess.STDOUT)  # fmt: skip
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_seconds(self.proc.pid)
 
     def subscriptions_published(self) -> int:
         """How many (partition, subscription) pairs this process has published a watermark for (its /metrics)."""

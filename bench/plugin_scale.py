@@ -27,10 +27,9 @@ from bench.burst import (
     _Topics,
     broker_pid,
     generator_env,
-    process_cpu_seconds,
     spread_wsets,
 )
-from bench.common import say
+from bench.common import machine_busy_seconds, process_cpu_seconds, say
 from bench.generator import Generator, _new_namespace
 from bench.generator_scale import _Latencies
 from consumer import Watermark, WatermarkConsumer, WatermarkListener
@@ -45,12 +44,6 @@ PERIOD_S = 10.0
 MEASURE_S = 40.0
 FEEDS = 100
 NEW_TOPICS = 10
-
-
-def _machine_busy_seconds() -> float:
-    """CPU seconds every core of the machine spent not idle (nor waiting for I/O) since boot, from /proc/stat."""
-    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, log_dir: Path,
@@ -84,7 +77,7 @@ def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAd
         say(f"  idle: the generator {gen_idle:.4f} of a core; this process's plain clients {clients_idle:.4f}")
 
         measured_from = time.perf_counter()
-        busy = _machine_busy_seconds()
+        busy = machine_busy_seconds()
         cpu, gen_cpu, own_cpu = process_cpu_seconds(broker), gen.cpu_seconds(), process_cpu_seconds(os.getpid())
         ticker = threading.Thread(target=spread_wsets, args=(many.producers, PERIOD_S, stop), daemon=True)
         ticker.start()
@@ -94,7 +87,7 @@ def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAd
         ended = time.perf_counter()
         window = ended - measured_from
         loaded = {  # shares of a core over the latency window: is the machine the bound?
-            "machine": (_machine_busy_seconds() - busy) / window,
+            "machine": (machine_busy_seconds() - busy) / window,
             "broker": (process_cpu_seconds(broker) - cpu) / window,
             "generator": (gen.cpu_seconds() - gen_cpu) / window,
             "clients": (process_cpu_seconds(os.getpid()) - own_cpu) / window,
