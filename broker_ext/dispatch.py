@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pulsar
 
@@ -77,6 +78,52 @@ class LatestSent:
         return self.heads.get(head.partition) is head
 
 
+HEAD_WAIT_S = 0.25
+"""How long a head event waits for a table of its partition to ride on (one message instead of two when a
+subscription acknowledges the marker soon after it was folded, the common case)."""
+
+
+@dataclass
+class HeadPairing:
+    """Per partition, whether head events wait up to `HEAD_WAIT_S` for the next table to ride on it.
+
+    Where nobody acknowledges that soon (a topic read by the Spark source alone), heads that waited in vain go
+    alone and the next ones go at once, so a reader of heads is not held back; a table that follows a head sent at
+    once within `HEAD_WAIT_S` makes the next heads wait again. Every head goes out, in order: a reader whose batch
+    ends between two of them needs the earlier one. Times are monotonic seconds, passed in.
+    """
+
+    waiting: dict[int, list[HeadWatermark]] = field(default_factory=dict)
+    at_once: set[int] = field(default_factory=set)
+    alone_at: dict[int, float] = field(default_factory=dict)
+    """When a head of the partition last went out alone."""
+
+    def on_head(self, head: HeadWatermark, now: float) -> Literal["send", "wait", "added"]:
+        """What to do with a new head: "send" it now; "wait" (held: call `due` after `HEAD_WAIT_S`); "added"
+        (held after others whose wait goes on)."""
+        if head.partition in self.at_once:
+            self.alone_at[head.partition] = now
+            return "send"
+        waiting = self.waiting.setdefault(head.partition, [])
+        waiting.append(head)
+        return "wait" if len(waiting) == 1 else "added"
+
+    def on_table(self, partition: int, now: float) -> list[HeadWatermark]:
+        """A table of the partition goes out now: the heads to ride on it, in order."""
+        heads = self.waiting.pop(partition, [])
+        if not heads and now - self.alone_at.get(partition, -HEAD_WAIT_S) < HEAD_WAIT_S:
+            self.at_once.discard(partition)
+        return heads
+
+    def due(self, partition: int, now: float) -> list[HeadWatermark]:
+        """The wait is over: the heads still waiting go alone, and the partition's next ones at once."""
+        heads = self.waiting.pop(partition, [])
+        if heads:
+            self.at_once.add(partition)
+            self.alone_at[partition] = now
+        return heads
+
+
 @dataclass
 class Companion:
     """One companion topic: its producer once created, what waits for it, compaction bookkeeping."""
@@ -86,6 +133,7 @@ class Companion:
     creating: bool = False
     waiting: list[PublishTable | HeadWatermark] = field(default_factory=list)
     sent: LatestSent = field(default_factory=LatestSent)
+    heads: HeadPairing = field(default_factory=HeadPairing)
     since_compaction: int = 0
     compacted_at: float = field(default_factory=time.monotonic)
 
@@ -115,27 +163,46 @@ class WatermarkDispatcher:
         self._failures_logged = False
 
     def publish(self, table: PublishTable) -> None:
-        """Send a partition's table (every subscription's watermark); on the loop thread."""
+        """Send a partition's table (every subscription's watermark), with its waiting head event; on the loop
+        thread."""
         companion = self._companion(table.events[0].topic)
         if companion.producer is None:
             self._wait_for_producer(companion, table)
             return
-        self._send(companion, table)
+        partition = table.events[0].partition
+        heads = companion.heads.on_table(partition, time.monotonic())
+        if heads:
+            self._loop.cancel(("head", companion.topic, partition))
+        self._send(companion, table, heads)
 
     def publish_head(self, head: HeadWatermark) -> None:
         """Send the watermark of a partition's head at a position (the fold of the log up to it); on the loop thread.
 
         A head event lets a reader (the Spark source) know the watermark at a position before any
-        subscription has acknowledged there. It goes out on the same producer as the tables, in
-        the order published; one whose send failed is sent again unless a later one of its
-        partition went out since (a reader never needs an older one: the watermark only grows
-        along the log).
+        subscription has acknowledged there. It rides on the partition's next table if one comes
+        within `HEAD_WAIT_S` (`HeadPairing`), else goes alone, on the same producer as the tables;
+        one whose send failed is sent again unless a later one of its partition went out since (a
+        reader never needs an older one: the watermark only grows along the log).
         """
         companion = self._companion(head.topic)
+        action = companion.heads.on_head(head, time.monotonic())
+        if action == "wait":
+            key = ("head", companion.topic, head.partition)
+            self._loop.call_at(time.time() + HEAD_WAIT_S, key, lambda: self._head_due(companion, head.partition))
+        elif action == "send":
+            self._head_alone(companion, head)
+
+    def _head_due(self, companion: Companion, partition: int) -> None:
+        heads = companion.heads.due(partition, time.monotonic())
+        if self._companions.get(companion.topic) is companion:
+            for head in heads:
+                self._head_alone(companion, head)
+
+    def _head_alone(self, companion: Companion, head: HeadWatermark) -> None:
         if companion.producer is None:
             self._wait_for_producer(companion, head)
-            return
-        self._send_head(companion, head)
+        else:
+            self._send_head(companion, head)
 
     def _companion(self, topic: str) -> Companion:
         name = watermark_topic_for(topic, self._namespace)
@@ -214,11 +281,13 @@ class WatermarkDispatcher:
             self._created += 1
             self._pool.submit(self._create, companion, f"__wm_dispatch-{self._instance_id}-{self._created}")
 
-    def _send(self, companion: Companion, table: PublishTable) -> None:
+    def _send(self, companion: Companion, table: PublishTable, heads: list[HeadWatermark] | None = None) -> None:
         companion.sent.sending_table(table)
+        for head in heads or ():
+            companion.sent.sending_head(head)
         self._send_async(
-            companion, encode_table(table.events), table_key(table.events[0].partition), SEND_WATERMARK,
-            lambda result: self._sent(companion, table, result),
+            companion, encode_table(table.events, heads or ()), table_key(table.events[0].partition), SEND_WATERMARK,
+            lambda result: self._sent(companion, table, result, heads or []),
         )  # fmt: skip
 
     def _send_head(self, companion: Companion, head: HeadWatermark) -> None:
@@ -262,9 +331,11 @@ class WatermarkDispatcher:
         else:
             self._send_head(companion, head)
 
-    def _sent(self, companion: Companion, table: PublishTable, result: object) -> None:
+    def _sent(self, companion: Companion, table: PublishTable, result: object, heads: list[HeadWatermark]) -> None:
         first = table.events[0]
         if result != pulsar.Result.Ok:
+            for head in heads:  # the heads that rode on it are sent again on their own, if still the latest
+                self._head_sent(companion, head, result)
             if not self._failures_logged:
                 self._failures_logged = True
                 log.warning("publishing watermarks on %s failed (%s); sending again", companion.topic, result)
@@ -332,6 +403,9 @@ class WatermarkDispatcher:
         companions, self._companions = list(self._companions.values()), {}
         for companion in companions:
             if companion.producer is not None:
+                for heads in companion.heads.waiting.values():  # no table came for them: they go alone
+                    for head in heads:
+                        self._send_head(companion, head)
                 _close(companion.producer)
 
 

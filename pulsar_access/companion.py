@@ -2,7 +2,8 @@
 
 The generator publishes two kinds of events there (`watermark_topic_for`: in the watermark namespace,
 where only the generator may produce): `SendWatermark` tables (each subscription's watermark at its
-mark-delete position) and head events (the watermark at a position of a partition's log). Compaction
+mark-delete position) and head events (the watermark at a position of a partition's log), on their own
+or riding on a table. Compaction
 keeps the latest of each per key, so reading the compacted topic from its start gives what holds now
 at once, and reading on gives every change after it.
 
@@ -35,7 +36,7 @@ from watermark_core.protocol import (
     MalformedMarker,
     WatermarkEvent,
     decode_head,
-    decode_table,
+    decode_table_with_heads,
 )
 
 log = logging.getLogger(__name__)
@@ -143,8 +144,12 @@ class CompanionReader:
                 if head.topic == self.topic and self._holds(head.partition, head.incarnation):
                     self._on_head(head)
             elif kind == SEND_WATERMARK:
+                table, heads = decode_table_with_heads(message.data())
+                for head in heads:
+                    if head.topic == self.topic and self._holds(head.partition, head.incarnation):
+                        self._on_head(head)
                 events = [
-                    event for event in decode_table(message.data())
+                    event for event in table
                     if event.topic == self.topic and self._holds(event.partition, event.incarnation)
                 ]  # fmt: skip
                 if events:

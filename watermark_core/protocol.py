@@ -303,20 +303,37 @@ def decode_event(payload: bytes) -> WatermarkEvent:
     return _event_from_body(_unpack(payload))
 
 
-def encode_table(events: Sequence[WatermarkEvent]) -> bytes:
+def encode_table(events: Sequence[WatermarkEvent], heads: Sequence[HeadWatermark] = ()) -> bytes:
     """The payload of a SendWatermark message: the watermarks of every subscription of one partition.
 
     One message per change of the partition, however many subscriptions it has, keyed by
-    `table_key(partition)`: the latest table per partition is all a consumer needs to read.
+    `table_key(partition)`: the latest table per partition is all a consumer needs to read. `heads`: the
+    partition's head events riding along, in order (key "heads"), so a marker acknowledged soon after it was
+    folded costs the broker one message, not two (readers of tables alone ignore them).
     """
     if not events:
         raise ValueError("a watermark table needs at least one event")
-    return pack({"events": [_event_body(event) for event in events]})
+    body: dict[str, Any] = {"events": [_event_body(event) for event in events]}
+    if heads:
+        body["heads"] = [_head_body(head) for head in heads]
+    return pack(body)
 
 
 def decode_table(payload: bytes) -> list[WatermarkEvent]:
     """The events of a SendWatermark table; `MalformedMarker` for anything else."""
+    return _events_of(_unpack(payload))
+
+
+def decode_table_with_heads(payload: bytes) -> tuple[list[WatermarkEvent], list[HeadWatermark]]:
+    """The events of a SendWatermark table and the head events riding on it, in order."""
     body = _unpack(payload)
+    heads = body.get("heads", [])
+    if not isinstance(heads, list) or not all(isinstance(head, dict) for head in heads):
+        raise MalformedMarker("bad-event", f"a table's heads must be a list of maps, got {heads!r}")
+    return _events_of(body), [_head_from_body(head) for head in heads]
+
+
+def _events_of(body: Mapping[str, Any]) -> list[WatermarkEvent]:
     events = body.get("events")
     if not isinstance(events, list) or not events or not all(isinstance(e, dict) for e in events):
         raise MalformedMarker("bad-event", "a watermark table needs a non-empty list of events")
@@ -382,24 +399,31 @@ class HeadWatermark:
 
 def encode_head(event: HeadWatermark) -> bytes:
     """The payload of a HeadWatermark message, keyed by `head_key(partition)`."""
+    return pack(_head_body(event))
+
+
+def _head_body(event: HeadWatermark) -> dict[str, Any]:
     _check_event_time(event.event_time)
     if not isinstance(event.topic, str) or not event.topic:
         raise ValueError(f"a head event needs a topic: {event!r}")
     if not (_is_int(event.partition) and event.partition >= -1 and len(event.position) == 2
             and all(_is_int(p) for p in event.position)):  # fmt: skip
         raise ValueError(f"partition and position of a head event must be ints: {event!r}")
-    return pack({
+    return {
         "topic": event.topic,
         "partition": event.partition,
         "position": list(event.position),
         "event_time": event.event_time,
         **_incarnation_field(event.incarnation),
-    })  # fmt: skip
+    }
 
 
 def decode_head(payload: bytes) -> HeadWatermark:
     """A HeadWatermark event; `MalformedMarker` ("bad-event" and the payload reasons) for anything else."""
-    body = _unpack(payload)
+    return _head_from_body(_unpack(payload))
+
+
+def _head_from_body(body: Mapping[str, Any]) -> HeadWatermark:
     topic, partition, position, event_time = (
         body.get("topic"), body.get("partition"), body.get("position"), body.get("event_time")
     )  # fmt: skip

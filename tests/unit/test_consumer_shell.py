@@ -362,3 +362,20 @@ def test_the_companion_reader_skips_malformed_events_and_other_topics(client: Fa
     reader.catch_up()
     reader.close()
     assert reader.malformed_events == 1 and len(tables) == 1
+
+
+def test_the_companion_reader_takes_a_head_event_riding_on_a_table_before_the_table(client: FakeClient) -> None:
+    from pulsar_access.companion import CompanionReader
+    from pulsar_access.incarnations import Incarnations
+    from tests.unit.fake_pulsar import FakeId, FakeRaw
+    from watermark_core.protocol import EVENT_PROPERTY, SEND_WATERMARK, HeadWatermark, WatermarkEvent, encode_table
+
+    seen: list[object] = []
+    reader = CompanionReader(client, TOPIC, Incarnations(None), on_table=seen.append, on_head=seen.append)
+    event = WatermarkEvent(TOPIC, -1, SUBSCRIPTION, 5, (7, 1), 1)
+    head, elsewhere = HeadWatermark(TOPIC, -1, (7, 3), 9), HeadWatermark(TOPIC + "-other", -1, (7, 3), 9)
+    client.reader.queue.put(FakeRaw(FakeId(7, 4), encode_table([event], [head]), {EVENT_PROPERTY: SEND_WATERMARK}))
+    client.reader.queue.put(FakeRaw(FakeId(7, 5), encode_table([event], [elsewhere]), {EVENT_PROPERTY: SEND_WATERMARK}))
+    reader.catch_up()
+    reader.close()
+    assert seen == [head, [event], [event]]

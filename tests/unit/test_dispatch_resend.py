@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from broker_ext.dispatch import COMPACT_EVERY_EVENTS, COMPACT_EVERY_S, LatestSent, compaction_due
+from broker_ext.dispatch import (
+    COMPACT_EVERY_EVENTS,
+    COMPACT_EVERY_S,
+    HEAD_WAIT_S,
+    HeadPairing,
+    LatestSent,
+    compaction_due,
+)
 from broker_ext.engine.vocabulary import PublishTable
 from watermark_core.protocol import HeadWatermark, WatermarkEvent
 
@@ -59,3 +66,28 @@ def test_a_companion_topic_is_compacted_every_thousand_events_or_ten_minutes_not
     assert not compaction_due(COMPACT_EVERY_EVENTS - 1, created, created + COMPACT_EVERY_S - 1, first_of_run=False)
     assert compaction_due(COMPACT_EVERY_EVENTS, created, created + 1, first_of_run=False)
     assert compaction_due(1, created, created + COMPACT_EVERY_S, first_of_run=False)
+
+
+# -- a head event rides on its partition's next table when one comes soon ----------------------------------------
+
+
+def test_head_events_wait_for_a_table_to_ride_on_all_of_them_in_order() -> None:
+    pairing = HeadPairing()
+    assert pairing.on_head(head(0, 3), now=10.0) == "wait"  # a timer: due alone at 10.0 + HEAD_WAIT_S
+    assert pairing.on_head(head(0, 5), now=10.1) == "added"  # the same timer still runs
+    assert pairing.on_head(head(1, 5), now=10.1) == "wait"  # partitions are apart
+    assert pairing.on_table(0, now=10.2) == [head(0, 3), head(0, 5)]  # a reader's batch may end between them
+    assert pairing.on_table(0, now=10.3) == []
+    assert pairing.due(0, now=10.0 + HEAD_WAIT_S) == []  # nothing left for the timer
+
+
+def test_heads_nobody_acknowledged_in_time_go_alone_and_the_next_ones_at_once_until_a_table_follows_soon() -> None:
+    pairing = HeadPairing()
+    pairing.on_head(head(0, 3), now=10.0)
+    assert pairing.due(0, now=10.0 + HEAD_WAIT_S) == [head(0, 3)]  # a reader of heads (Spark) waits no longer
+    assert pairing.on_head(head(0, 4), now=11.0) == "send"  # no subscription acknowledges soon: no wait at all
+    assert pairing.on_table(0, now=11.0 + 2 * HEAD_WAIT_S) == []  # a table long after: still at once
+    assert pairing.on_head(head(0, 5), now=12.0) == "send"
+    assert pairing.on_table(0, now=12.0 + HEAD_WAIT_S / 2) == []  # a table soon after the head: wait again
+    assert pairing.on_head(head(0, 6), now=13.0) == "wait"
+    assert pairing.on_table(0, now=13.1) == [head(0, 6)]

@@ -33,6 +33,7 @@ from watermark_core.protocol import (
     decode_head,
     decode_marker,
     decode_table,
+    decode_table_with_heads,
     encode_event,
     encode_head,
     encode_idle,
@@ -265,17 +266,26 @@ HEADS = st.builds(
 )
 
 
+TABLES_WITH_HEADS = (
+    st.tuples(st.lists(EVENTS, min_size=1, max_size=3), HEADS)
+    .map(lambda table: encode_table(table[0], [table[1]]))
+    .flatmap(mutated)
+)
+
+
 @FUZZ
-@given(PAYLOAD_OBJECTS | HEADS.map(encode_head).flatmap(mutated) | HOSTILE_TABLES)
-def test_the_head_decoder_raises_only_malformed_marker_whatever_comes_in(payload: Any) -> None:
-    try:
-        head = decode_head(payload)
-    except MalformedMarker as exc:
-        assert exc.reason in MARKER_REASONS | {"bad-event"}
-        return
-    assert isinstance(head, HeadWatermark) and head.topic and head.partition >= -1
-    assert 0 <= head.event_time < EVENT_TIME_LIMIT
-    assert len(head.position) == 2 and all(isinstance(p, int) for p in head.position)
+@given(PAYLOAD_OBJECTS | HEADS.map(encode_head).flatmap(mutated) | HOSTILE_TABLES | TABLES_WITH_HEADS)
+def test_the_head_decoders_raise_only_malformed_marker_whatever_comes_in(payload: Any) -> None:
+    for decode in (lambda payload: [decode_head(payload)], lambda payload: decode_table_with_heads(payload)[1]):
+        try:
+            heads = decode(payload)
+        except MalformedMarker as exc:
+            assert exc.reason in MARKER_REASONS | {"bad-event"}
+            continue
+        for head in heads:
+            assert isinstance(head, HeadWatermark) and head.topic and head.partition >= -1
+            assert 0 <= head.event_time < EVENT_TIME_LIMIT
+            assert len(head.position) == 2 and all(isinstance(p, int) for p in head.position)
 
 
 # -- logs that mix valid and malformed markers, fed as the generator feeds them --------------------------

@@ -26,6 +26,7 @@ from watermark_core.protocol import (
     decode_head,
     decode_marker,
     decode_table,
+    decode_table_with_heads,
     encode_event,
     encode_head,
     encode_idle,
@@ -372,6 +373,17 @@ def test_head_events_round_trip_under_their_own_key_and_property() -> None:
     assert HEAD_WATERMARK == "HeadWatermark"
     non_partitioned = HeadWatermark("persistent://public/default/x", -1, (0, 0), 0)
     assert decode_head(encode_head(non_partitioned)) == non_partitioned
+
+
+def test_a_table_may_carry_its_partitions_head_events_so_one_message_says_both() -> None:
+    heads = [HeadWatermark(EVENT.topic, EVENT.partition, (7, 9), 4_000), HeadWatermark(EVENT.topic, 2, (7, 11), 5_000)]
+    assert decode_table_with_heads(encode_table([EVENT], heads)) == ([EVENT], heads)
+    assert decode_table(encode_table([EVENT], heads)) == [EVENT]  # readers of tables alone read it as ever
+    assert decode_table_with_heads(encode_table([EVENT])) == ([EVENT], [])
+    for bad in ([{"topic": 1}], {"topic": "t"}):
+        with pytest.raises(MalformedMarker) as caught:
+            decode_table_with_heads(msgpack.packb({**msgpack.unpackb(encode_table([EVENT])), "heads": bad}))
+        assert caught.value.reason == "bad-event"
 
 
 def test_encode_head_validates() -> None:
