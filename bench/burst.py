@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import pulsar
 
-from bench.common import metric_samples, process_cpu_seconds, say
+from bench.common import broker_cpu_seconds, metric_samples, process_cpu_seconds, say
 from bench.generator import FAST_ENV, Generator, _new_namespace
 from bench.generator_scale import _Latencies
 from consumer.watermark_feed import WatermarkFeed
@@ -188,18 +188,18 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
     gen: Generator | None = None
     try:
         time.sleep(BURST_WARMUP_S)
-        cpu, wsets = process_cpu_seconds(broker), sent[0]
+        cpu, wsets = broker_cpu_seconds(broker), sent[0]
         time.sleep(BURST_MEASURE_S)
-        without = (process_cpu_seconds(broker) - cpu) / BURST_MEASURE_S
+        without = (broker_cpu_seconds(broker) - cpu) / BURST_MEASURE_S
         wsets_without = sent[0] - wsets
         say(f"  without a generator: broker {without:.3f} of a core over {wsets_without} W_SETs")
         gen = Generator(settings, namespace, log_dir, generator_env(cursor_source))
         gen.wait_published(topics, within_s=300)
         time.sleep(BURST_WARMUP_S)
-        cpu, gen_cpu, wsets, calls_before = process_cpu_seconds(broker), gen.cpu_seconds(), sent[0], _calls(gen)
+        cpu, gen_cpu, wsets, calls_before = broker_cpu_seconds(broker), gen.cpu_seconds(), sent[0], _calls(gen)
         measured_from = time.perf_counter()
         time.sleep(BURST_MEASURE_S)
-        with_gen = (process_cpu_seconds(broker) - cpu) / BURST_MEASURE_S
+        with_gen = (broker_cpu_seconds(broker) - cpu) / BURST_MEASURE_S
         gen_share = (gen.cpu_seconds() - gen_cpu) / BURST_MEASURE_S
         wsets_with = sent[0] - wsets
         calls = {call: count - calls_before[call] for call, count in _calls(gen).items() if count > calls_before[call]}
@@ -240,7 +240,8 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
         f"every message at once; one W_SET per topic sent together at the start of each second; generator process "
         f"CPU over {BURST_MEASURE_S:.0f} s (after {BURST_WARMUP_S:.0f} s of warm-up past its take-over) over the "
         f"W_SETs sent meanwhile",
-        "broker_extra_cpu_ms_per_wset_burst_how": f"the same run: the standalone broker's process CPU over "
+        "broker_extra_cpu_ms_per_wset_burst_how": f"the same run: the standalone broker's process CPU (less its JIT "
+        f"compiler threads, bench/common.py broker_cpu_seconds) over "
         f"{BURST_MEASURE_S:.0f} s with the generator minus over {BURST_MEASURE_S:.0f} s of the same load before the "
         f"generator started (feeds and consumers attached in both), per W_SET",
         "watermark_latency_burst_p50_ms_how": f"the same run: from each consumer's acknowledge() of a W_SET to that "

@@ -150,6 +150,22 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def broker_cpu_seconds(pid: int) -> float:
+    """CPU seconds the broker's JVM `pid` has used, less its JIT compiler threads (from /proc/<pid>/task): a broker
+    compiles the code paths a generator starts using for a minute or two (0.04-0.16 of a core in the burst's
+    windows), a one-time warm-up that would otherwise count as the generator's steady cost."""
+    total = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "comm").read_text().startswith(("C1 CompilerThre", "C2 CompilerThre")):
+                continue
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def machine_busy_seconds() -> float:
     """CPU seconds every core of the machine spent not idle (nor waiting for I/O) since boot, from /proc/stat."""
     fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]

@@ -29,7 +29,7 @@ from bench.burst import (
     generator_env,
     spread_wsets,
 )
-from bench.common import machine_busy_seconds, process_cpu_seconds, say
+from bench.common import broker_cpu_seconds, machine_busy_seconds, process_cpu_seconds, say
 from bench.generator import Generator, _new_namespace
 from bench.generator_scale import _Latencies
 from consumer import Watermark, WatermarkConsumer, WatermarkListener
@@ -61,16 +61,16 @@ def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAd
     gen: Generator | None = None
     try:
         time.sleep(5)
-        cpu = process_cpu_seconds(broker)
+        cpu = broker_cpu_seconds(broker)
         time.sleep(IDLE_S)
-        without = (process_cpu_seconds(broker) - cpu) / IDLE_S
+        without = (broker_cpu_seconds(broker) - cpu) / IDLE_S
         gen = Generator(settings, namespace, log_dir, generator_env("auto"))
         takeover = gen.wait_published(topics, within_s=1200)
         say(f"  the generator took over {topics} topics in {takeover:.0f} s")
         time.sleep(SETTLE_S)  # the take-over's tail: each topic's snapshot, 10 s after its last message
-        cpu, gen_cpu, own_cpu = process_cpu_seconds(broker), gen.cpu_seconds(), process_cpu_seconds(os.getpid())
+        cpu, gen_cpu, own_cpu = broker_cpu_seconds(broker), gen.cpu_seconds(), process_cpu_seconds(os.getpid())
         time.sleep(IDLE_S)
-        with_gen = (process_cpu_seconds(broker) - cpu) / IDLE_S
+        with_gen = (broker_cpu_seconds(broker) - cpu) / IDLE_S
         gen_idle = (gen.cpu_seconds() - gen_cpu) / IDLE_S
         clients_idle = (process_cpu_seconds(os.getpid()) - own_cpu) / IDLE_S
         say(f"  idle: broker {without:.4f} of a core without a generator, {with_gen:.4f} with it")
@@ -120,10 +120,10 @@ def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAd
         "generator_idle_cpu_5000_topics_how": f"{topics} non-partitioned topics, one subscription each (a plain "
         f"consumer acknowledging at once), one W_SET each, then nothing: the generator's process CPU over "
         f"{IDLE_S:.0f} s after its take-over, in shares of a core; broker_extra_idle_cpu_5000_topics is the "
-        f"standalone broker's CPU over {IDLE_S:.0f} s with the generator minus over {IDLE_S:.0f} s before it "
-        f"started (same topics, producers, consumers and feeds attached); measured from {SETTLE_S:.0f} s after the "
-        "take-over (each topic's snapshot is written 10 s after its last message); cursor positions from the broker "
-        "plugin",
+        f"standalone broker's CPU (less its JIT compiler threads) over {IDLE_S:.0f} s with the generator minus over "
+        f"{IDLE_S:.0f} s before it started (same topics, producers, consumers and feeds attached); measured from "
+        f"{SETTLE_S:.0f} s after the take-over (each topic's snapshot is written 10 s after its last message); "
+        "cursor positions from the broker plugin",
         "watermark_latency_5000_topics_p99_ms_how": f"the same {topics} topics, then one W_SET per topic every "
         f"{PERIOD_S:.0f} s at a random time of each period for {MEASURE_S:.0f} s, each acknowledged at once: from "
         f"that acknowledge() to the value at its WatermarkFeed, sampled on {FEEDS} topics; {samples} samples",
