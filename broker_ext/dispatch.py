@@ -156,6 +156,8 @@ class WatermarkDispatcher:
         self._pool = pool
         self._retries = 0
         self._companions: dict[str, Companion] = {}
+        self._of_topic: dict[str, Companion] = {}
+        """Each data topic's companion, as `_companion` last found it."""
         self._created = 0
         self._compaction_refused = False
         self._compaction_tried = False
@@ -205,10 +207,13 @@ class WatermarkDispatcher:
             self._send_head(companion, head)
 
     def _companion(self, topic: str) -> Companion:
-        name = watermark_topic_for(topic, self._namespace)
-        companion = self._companions.get(name)
-        if companion is None:
-            companion = self._companions[name] = Companion(name)
+        companion = self._of_topic.get(topic)  # naming the companion parses the topic: once per topic
+        if companion is None or self._companions.get(companion.topic) is not companion:
+            name = watermark_topic_for(topic, self._namespace)
+            companion = self._companions.get(name)
+            if companion is None:
+                companion = self._companions[name] = Companion(name)
+            self._of_topic[topic] = companion
         return companion
 
     def _wait_for_producer(self, companion: Companion, item: PublishTable | HeadWatermark) -> None:
@@ -395,6 +400,7 @@ class WatermarkDispatcher:
 
     def forget(self, topic: str) -> None:
         """The topic is gone: close its companion's producer (on the loop thread)."""
+        self._of_topic.pop(topic, None)
         companion = self._companions.pop(watermark_topic_for(topic, self._namespace), None)
         if companion is not None and companion.producer is not None:
             self._pool.submit(_close, companion.producer)

@@ -13,6 +13,8 @@ class GeneratorMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._children: dict[tuple[str, int, str], tuple[Gauge, Gauge, Counter]] = {}
+        """Per subscription, its children of the three series `record_watermark` sets."""
         sub = ["topic", "partition", "subscription"]
         part = ["topic", "partition"]
         self.watermark = Gauge(
@@ -70,19 +72,30 @@ class GeneratorMetrics:
             start_http_server(port, addr="127.0.0.1", registry=self.registry)
 
     def record_watermark(self, topic: str, partition: int, subscription: str, event_time: int) -> None:
-        labels = (topic, str(partition), subscription)
-        self.watermark.labels(*labels).set(event_time)
-        self.watermark_age.labels(*labels).set(max(0.0, time.time() - event_time / 1000))
-        self.watermarks_published.labels(*labels).inc()
+        labels = (topic, partition, subscription)
+        children = self._children.get(labels)
+        if children is None:  # `labels()` validates its arguments each time: once per subscription, not per table
+            named = (topic, str(partition), subscription)
+            children = self._children[labels] = (
+                self.watermark.labels(*named),
+                self.watermark_age.labels(*named),
+                self.watermarks_published.labels(*named),
+            )
+        watermark, age, published = children
+        watermark.set(event_time)
+        age.set(max(0.0, time.time() - event_time / 1000))
+        published.inc()
 
     def forget_watermark(self, topic: str, partition: int, subscription: str) -> None:
         """The subscription has no watermark now (moved back before every W_SET)."""
+        self._children.pop((topic, partition, subscription), None)
         for gauge in (self.watermark, self.watermark_age):
             with contextlib.suppress(KeyError):
                 gauge.remove(topic, str(partition), subscription)
         self.watermarks_published.labels(topic, str(partition), subscription).inc()
 
     def forget_subscription(self, topic: str, partition: int, subscription: str) -> None:
+        self._children.pop((topic, partition, subscription), None)
         for gauge in (self.watermark, self.watermark_age):
             with contextlib.suppress(KeyError):
                 gauge.remove(topic, str(partition), subscription)
