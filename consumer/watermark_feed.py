@@ -115,7 +115,7 @@ class WatermarkFeed:
         self._companion = CompanionReader(
             client, topic, self._incarnations, on_table=self._on_table, on_head=self._on_head,
             each_turn=self._each_turn, on_caught_up=self._on_caught_up, wants_caught_up=self._wants_caught_up,
-            thread_name=f"wm-feed-{subscription}",
+            thread_name=f"wm-feed-{subscription}", subscription=subscription,
         )  # fmt: skip
         # Silent: the history before the latest event (older watermarks, or higher ones from before a
         # seek) is not the subscription's watermark now and is never handed on. Then the engine hands a

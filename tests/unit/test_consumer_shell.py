@@ -362,3 +362,24 @@ def test_the_companion_reader_skips_malformed_events_and_other_topics(client: Fa
     reader.catch_up()
     reader.close()
     assert reader.malformed_events == 1 and len(tables) == 1
+
+
+def test_the_companion_reader_of_one_subscription_hands_on_only_its_events(client: FakeClient) -> None:
+    """A feed's reader gets one subscription's events of each table (the rest of it is not decoded)."""
+    from pulsar_access.companion import CompanionReader
+    from pulsar_access.incarnations import Incarnations
+    from tests.unit.fake_pulsar import FakeId, FakeRaw
+    from watermark_core.protocol import EVENT_PROPERTY, SEND_WATERMARK, WatermarkEvent, encode_table
+
+    tables: list[list[WatermarkEvent]] = []
+    reader = CompanionReader(
+        client, TOPIC, Incarnations(None), on_table=tables.append, on_head=lambda _head: None,
+        subscription=SUBSCRIPTION,
+    )  # fmt: skip
+    ours = WatermarkEvent(TOPIC, -1, SUBSCRIPTION, 5, (7, 1), 1)
+    others = [WatermarkEvent(TOPIC, -1, f"other-{i}", 5, (7, 1), 1) for i in range(3)]
+    client.reader.queue.put(FakeRaw(FakeId(1, 1), encode_table([*others, ours]), {EVENT_PROPERTY: SEND_WATERMARK}))
+    client.reader.queue.put(FakeRaw(FakeId(1, 2), encode_table(others), {EVENT_PROPERTY: SEND_WATERMARK}))
+    reader.catch_up()
+    reader.close()
+    assert tables == [[ours]]
