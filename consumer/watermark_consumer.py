@@ -263,16 +263,33 @@ class WatermarkConsumer:
         acknowledged here), and the seek target Pulsar would deliver again; may be empty."""
         if self._listener is not None:
             raise RuntimeError("this consumer has a listener; messages go to it, not to batch_receive()")
-        received = [self._wrap(raw) for raw in self._on_raw(lambda c: c.batch_receive())]
-        handed = self._feed.received_all([(*message._wm_at, message, marker) for message, marker in received])
-        delivered: list[pulsar.Message] = handed
-        for message, marker in received:
+        received: list[tuple[int, Position, pulsar.Message, bool]] = []
+        only, unnamed, schema, append = self._only_partition, self._unnamed_partition, self._schema, received.append
+        for raw in self._on_raw(lambda c: c.batch_receive()):  # `_wrap` inline: this loop runs per message
+            marker = MARKER_PROPERTY in raw.properties()
+            msg_id = raw.message_id()
+            partition = only
+            if partition is None:
+                index = msg_id.partition()
+                partition = index if index >= 0 else unnamed
+            position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+            message = _Message()
+            message._message = raw
+            message._schema = schema
+            message._wm_at = (partition, position)
+            append((partition, position, message, marker))
+        delivered: list[pulsar.Message] = self._feed.received_all(received)
+        for _, position, message, marker in received:
             if marker:
-                self._count_marker(message, message._message.properties(), message._wm_at[1])
+                self._count_marker(message, message._message.properties(), position)
         current = self._feed.current
         if current is not None:
+            watermark = current.event_time
             for message in delivered:
-                self._note_lateness(message, current)
+                event_time = message._message.event_timestamp()
+                if event_time and event_time < watermark:
+                    self.late_messages += 1
+                    self._late.add(message)
         return delivered
 
     def _receive_raw(self, timeout_millis: int | None) -> Any:
