@@ -174,6 +174,21 @@ def test_batch_receive_takes_the_markers_out(
     assert [raw.id.entry for raw in client.binding.acknowledged] == [2, 4]
 
 
+def test_batch_receive_counts_late_messages_and_receive_after_close_raises(
+    client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
+) -> None:
+    """`receive` and `batch_receive` wrap messages inline (issue 34): the same lateness, and the binding's errors."""
+    client.publish_table(0, 1000)
+    consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, admin_url=UNREACHABLE_ADMIN)
+    client.send(data(1, 500), marker(2, 2000), data(3, 1500))
+    batch = consumer.batch_receive()
+    assert [message.data() for message in batch] == [b"data-1", b"data-3"]
+    assert consumer.late_messages == 1 and consumer.is_late(batch[0]) and not consumer.is_late(batch[1])
+    consumer.close()
+    with pytest.raises(pulsar.AlreadyClosed):
+        consumer.receive(50)
+
+
 def test_a_reset_back_seen_from_what_comes_again_holds_the_watermark_where_it_was(
     client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
 ) -> None:
