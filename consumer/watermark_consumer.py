@@ -51,6 +51,7 @@ from watermark_core.protocol import (
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_Message = pulsar.Message
 
 NO_WATERMARK_WARNING_S = 30.0
 
@@ -221,11 +222,39 @@ class WatermarkConsumer:
             raise RuntimeError("this consumer has a listener; messages go to it, not to receive()")
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
         left = timeout_millis
+        feed = self._feed
         while True:
-            message, marker = self._wrap(self._receive_raw(left))
-            if self._taken(message, marker):
-                self._note_lateness(message, self._feed.current)
+            # The hot path in one frame: `_receive_raw`'s and `_wrap`'s work inline (a Python call costs about as
+            # much as a binding call here, and this runs per message).
+            raw = None
+            if self._subscribed.is_set():  # no seek is replacing the consumer
+                try:  # noqa: SIM105 (`contextlib.suppress` costs two calls more per message)
+                    raw = self._raw.receive() if left is None else self._raw.receive(left)
+                except pulsar.AlreadyClosed:
+                    pass
+            if raw is None:
+                raw = self._receive_raw(left)
+            marker = MARKER_PROPERTY in raw.properties()
+            msg_id = raw.message_id()
+            partition = self._only_partition
+            if partition is None:
+                index = msg_id.partition()
+                partition = index if index >= 0 else self._unnamed_partition
+            position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+            message = _Message()
+            message._message = raw
+            message._schema = self._schema
+            message._wm_at = (partition, position)
+            if not marker and feed.received(partition, position, message):
+                current = feed.current
+                if current is not None:
+                    event_time = raw.event_timestamp()
+                    if event_time and event_time < current.event_time:
+                        self.late_messages += 1
+                        self._late.add(message)
                 return message
+            if marker:
+                self._taken(message, True)
             if deadline is not None:
                 left = max(0, int((deadline - time.monotonic()) * 1000))
 
@@ -234,27 +263,39 @@ class WatermarkConsumer:
         acknowledged here), and the seek target Pulsar would deliver again; may be empty."""
         if self._listener is not None:
             raise RuntimeError("this consumer has a listener; messages go to it, not to batch_receive()")
-        received = [self._wrap(raw) for raw in self._on_raw(lambda c: c.batch_receive())]
-        handed = self._feed.received_all([(*message._wm_at, message, marker) for message, marker in received])
-        delivered: list[pulsar.Message] = handed
-        for message, marker in received:
+        received: list[tuple[int, Position, pulsar.Message, bool]] = []
+        only, unnamed, schema, append = self._only_partition, self._unnamed_partition, self._schema, received.append
+        for raw in self._on_raw(lambda c: c.batch_receive()):  # `_wrap` inline: this loop runs per message
+            marker = MARKER_PROPERTY in raw.properties()
+            msg_id = raw.message_id()
+            partition = only
+            if partition is None:
+                index = msg_id.partition()
+                partition = index if index >= 0 else unnamed
+            position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+            message = _Message()
+            message._message = raw
+            message._schema = schema
+            message._wm_at = (partition, position)
+            append((partition, position, message, marker))
+        delivered: list[pulsar.Message] = self._feed.received_all(received)
+        for _, position, message, marker in received:
             if marker:
-                self._count_marker(message, message._message.properties(), message._wm_at[1])
+                self._count_marker(message, message._message.properties(), position)
         current = self._feed.current
         if current is not None:
+            watermark = current.event_time
             for message in delivered:
-                self._note_lateness(message, current)
+                event_time = message._message.event_timestamp()
+                if event_time and event_time < watermark:
+                    self.late_messages += 1
+                    self._late.add(message)
         return delivered
 
     def _receive_raw(self, timeout_millis: int | None) -> Any:
-        """The next message from the client's binding (`_pulsar`, what `pulsar.Consumer.receive` calls), waiting
-        at most `timeout_millis` (None: as long as it takes)."""
-        if self._subscribed.is_set():  # the hot path: no seek is replacing the consumer
-            raw = self._raw
-            try:
-                return raw.receive() if timeout_millis is None else raw.receive(timeout_millis)
-            except pulsar.AlreadyClosed:
-                pass
+        """The next message from the client's binding (`_pulsar`, what `pulsar.Consumer.receive` calls) while a seek
+        replaces the Pulsar consumer (`receive` calls `self._raw` itself otherwise), waiting at most `timeout_millis`
+        (None: as long as it takes)."""
         if timeout_millis is None:
             return self._on_raw(lambda c: c.receive())
         return self._on_raw(lambda c: c.receive(timeout_millis))
@@ -316,6 +357,12 @@ class WatermarkConsumer:
         at = getattr(message, "_wm_at", None)
         partition, position = at if at is not None else self._position(message)
         if self._feed.acknowledged_quietly(partition, position):
+            if type(message) is _Message and self._subscribed.is_set():  # the hot path: `_send_acknowledgement`'s
+                try:
+                    self._raw.acknowledge(message._message)
+                    return
+                except pulsar.AlreadyClosed:
+                    pass
             self._send_acknowledgement(message)
         else:
             self._feed.report(Acknowledged(partition, position, functools.partial(self._send_acknowledgement, message)))

@@ -109,13 +109,16 @@ class WatermarkFeed:
         self._partition_refresh_s = partition_refresh_s
         limits = Limits(min(fallback_wait_s, recompute_wait_s), recompute_wait_s)
         self._engine = ConsumerEngine(indexes, listener=listener, limits=limits, follow_new=self._follow_new_partitions)
+        self.current: Watermark | None = None
+        """The engine's watermark (strict without a listener), copied after each event it handled (all under the lock,
+        here): the hot path reads it per message without a call."""
         self._lock = threading.Lock()
         """Held while the engine handles an event and its commands are queued or carried out (the feed's only)."""
         self._incarnations = Incarnations.for_consumer(admin_url, reader=f"subscription {subscription!r} of {topic}")
         self._companion = CompanionReader(
             client, topic, self._incarnations, on_table=self._on_table, on_head=self._on_head,
             each_turn=self._each_turn, on_caught_up=self._on_caught_up, wants_caught_up=self._wants_caught_up,
-            thread_name=f"wm-feed-{subscription}",
+            thread_name=f"wm-feed-{subscription}", subscription=subscription,
         )  # fmt: skip
         # Silent: the history before the latest event (older watermarks, or higher ones from before a
         # seek) is not the subscription's watermark now and is never handed on. Then the engine hands a
@@ -125,6 +128,7 @@ class WatermarkFeed:
         self._companion.catch_up()
         with self._lock:
             commands = self._engine.handle(Attached(), time.monotonic())
+            self.current = self._engine.current
             if commands and self._perform is not None:
                 self._perform(commands)
         self._attached.set()
@@ -132,11 +136,6 @@ class WatermarkFeed:
         self._companion.start()
 
     # -- what the consumer reads -------------------------------------------------------------------
-
-    @property
-    def current(self) -> Watermark | None:
-        """The engine's watermark (strict without a listener): one attribute read, no lock."""
-        return self._engine.current
 
     @property
     def partitions(self) -> list[int]:
@@ -177,6 +176,7 @@ class WatermarkFeed:
         """An event the consumer reports: `perform` under the lock, acknowledgements sent; the commands."""
         with self._lock:
             commands = self._engine.handle(event, time.monotonic())
+            self.current = self._engine.current
             if commands and self._perform is not None:
                 self._perform(commands)
         if commands:
@@ -232,10 +232,10 @@ class WatermarkFeed:
         with self._lock:
             before = self._engine.current
             commands = self._engine.handle(event, time.monotonic())
+            self.current = after = self._engine.current
             attached = self._attached.is_set()  # before: catching up, history
             if commands and attached and self._perform is not None:
                 self._perform(commands)
-            after = self._engine.current
         if commands:
             self._send_acknowledgements(commands)
             for command in commands:

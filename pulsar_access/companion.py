@@ -58,7 +58,8 @@ class CompanionReader:
     reader has read everything published before monotonic time `as_of`: it asked (`has_message_available`, at
     most every `CAUGHT_UP_CHECK_S`, and only while `wants_caught_up()` says someone waits for it) and nothing
     more was there. Not "nothing came for a while": a busy companion topic (other subscriptions' tables every
-    50 ms) is never quiet, and the consumer waited for good (issue 34, fault 2).
+    50 ms) is never quiet, and the consumer waited for good (issue 34, fault 2). `subscription`: `on_table` gets
+    only that subscription's events, and the others of a table are not decoded (a consumer's feed).
     """
 
     def __init__(
@@ -73,8 +74,10 @@ class CompanionReader:
         on_caught_up: Callable[[float], None] | None = None,
         wants_caught_up: Callable[[], bool] | None = None,
         thread_name: str | None = None,
+        subscription: str | None = None,
     ) -> None:
         self.topic = base_topic_and_partition(topic)[0]
+        self._subscription = subscription
         self._incarnations = incarnations
         self._on_table, self._on_head = on_table, on_head
         self._each_turn, self._on_caught_up, self._wants_caught_up = each_turn, on_caught_up, wants_caught_up
@@ -144,7 +147,7 @@ class CompanionReader:
                 if head.topic == self.topic and self._holds(head.partition, head.incarnation):
                     self._on_head(head)
             elif kind == SEND_WATERMARK:
-                table, heads = decode_table_with_heads(message.data())
+                table, heads = decode_table_with_heads(message.data(), self._subscription)
                 for head in heads:
                     if head.topic == self.topic and self._holds(head.partition, head.incarnation):
                         self._on_head(head)

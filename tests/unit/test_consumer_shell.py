@@ -174,6 +174,21 @@ def test_batch_receive_takes_the_markers_out(
     assert [raw.id.entry for raw in client.binding.acknowledged] == [2, 4]
 
 
+def test_batch_receive_counts_late_messages_and_receive_after_close_raises(
+    client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
+) -> None:
+    """`receive` and `batch_receive` wrap messages inline (issue 34): the same lateness, and the binding's errors."""
+    client.publish_table(0, 1000)
+    consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, admin_url=UNREACHABLE_ADMIN)
+    client.send(data(1, 500), marker(2, 2000), data(3, 1500))
+    batch = consumer.batch_receive()
+    assert [message.data() for message in batch] == [b"data-1", b"data-3"]
+    assert consumer.late_messages == 1 and consumer.is_late(batch[0]) and not consumer.is_late(batch[1])
+    consumer.close()
+    with pytest.raises(pulsar.AlreadyClosed):
+        consumer.receive(50)
+
+
 def test_a_reset_back_seen_from_what_comes_again_holds_the_watermark_where_it_was(
     client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
 ) -> None:
@@ -379,3 +394,24 @@ def test_the_companion_reader_takes_a_head_event_riding_on_a_table_before_the_ta
     reader.catch_up()
     reader.close()
     assert seen == [head, [event], [event]]
+
+
+def test_the_companion_reader_of_one_subscription_hands_on_only_its_events(client: FakeClient) -> None:
+    """A feed's reader gets one subscription's events of each table (the rest of it is not decoded)."""
+    from pulsar_access.companion import CompanionReader
+    from pulsar_access.incarnations import Incarnations
+    from tests.unit.fake_pulsar import FakeId, FakeRaw
+    from watermark_core.protocol import EVENT_PROPERTY, SEND_WATERMARK, WatermarkEvent, encode_table
+
+    tables: list[list[WatermarkEvent]] = []
+    reader = CompanionReader(
+        client, TOPIC, Incarnations(None), on_table=tables.append, on_head=lambda _head: None,
+        subscription=SUBSCRIPTION,
+    )  # fmt: skip
+    ours = WatermarkEvent(TOPIC, -1, SUBSCRIPTION, 5, (7, 1), 1)
+    others = [WatermarkEvent(TOPIC, -1, f"other-{i}", 5, (7, 1), 1) for i in range(3)]
+    client.reader.queue.put(FakeRaw(FakeId(1, 1), encode_table([*others, ours]), {EVENT_PROPERTY: SEND_WATERMARK}))
+    client.reader.queue.put(FakeRaw(FakeId(1, 2), encode_table(others), {EVENT_PROPERTY: SEND_WATERMARK}))
+    reader.catch_up()
+    reader.close()
+    assert tables == [[ours]]

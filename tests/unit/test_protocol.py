@@ -299,6 +299,22 @@ def test_tables_carry_every_subscription_of_a_partition_under_one_key() -> None:
             decode_table(msgpack.packb({"v": 1, **bad}))
         assert caught.value.reason == "bad-event"
     assert EVENT_PROPERTY == "wm.event"
+
+
+def test_a_table_read_for_one_subscription_decodes_only_its_events() -> None:
+    """A consumer's feed wants its own subscription's event of a table that lists every subscription of the
+    partition (dozens on a busy topic): the others are neither built nor checked."""
+    other = WatermarkEvent("persistent://public/default/t", 2, "other", None, (1, 1), 4)
+    payload = encode_table([EVENT, other])
+    assert decode_table(payload, subscription="other") == [other]
+    assert decode_table(payload, subscription="nobody") == []
+    ours = msgpack.unpackb(payload)["events"][0]
+    broken = msgpack.packb({"v": 1, "events": [{"subscription": "other", "topic": 5}, ours]})
+    assert decode_table(broken, subscription=EVENT.subscription) == [EVENT]
+    with pytest.raises(MalformedMarker):
+        decode_table(broken, subscription="other")
+    with pytest.raises(MalformedMarker):
+        decode_table(msgpack.packb({"v": 1, "events": [1]}), subscription="other")
     assert SEND_WATERMARK == "SendWatermark"
 
 

@@ -1,0 +1,165 @@
+"""`python -m bench.consumer_hot_path [pull|batch|plain|plain_batch] [messages]`: the consumer's own work per message,
+without a broker.
+
+`WatermarkConsumer.receive` + `acknowledge` (or `batch_receive`) against `pulsar.Consumer`'s over the same stand-in
+for the client's binding: its `receive`, `batch_receive` and `acknowledge` are C calls that cost next to nothing, and
+the messages answer `message_id`, `properties`, `event_timestamp` with real binding objects (a `_pulsar.MessageId`
+made per call, built `_pulsar.Message`s), so what is timed is what our code adds, with the binding calls it makes.
+Batched entries of 1010 messages, a W_SET per 100 messages, no companion topic traffic.
+
+On this shared 2-core machine CPU time swings by 30 % between runs; instructions do not. Count them with
+valgrind, at two sizes, and take the difference per message (issue 34, session 16):
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null python -m bench.consumer_hot_path pull 2000
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null python -m bench.consumer_hot_path pull 12000
+
+(the "Collected" line; building the stand-in messages is in both, about 19 500 instructions a message).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from typing import Any
+
+import _pulsar
+import pulsar
+import pulsar.schema
+
+from consumer.watermark_consumer import WatermarkConsumer
+from watermark_core.protocol import MARKER_PROPERTY, encode_set
+
+TOPIC = "persistent://public/default/hot-path"
+NOWHERE = "http://127.0.0.1:9"
+"""The admin URL: nothing answers at the discard port (no incarnation is read)."""
+
+PER_ENTRY = 1010
+MARKER_EVERY = 100
+BATCH = 1000
+
+
+class _Raw:
+    """A message as the binding returns it: each accessor a C callable (a built message's, or a new message id)."""
+
+    __slots__ = ("data", "event_timestamp", "message_id", "producer_name", "properties", "publish_timestamp",
+                 "topic_name")  # fmt: skip
+    message_id: Any
+
+
+def _built(properties: dict[str, str], payload: bytes) -> Any:
+    builder = _pulsar.MessageBuilder()
+    builder.content(payload)
+    builder.event_timestamp(1_000_000)
+    if properties:
+        builder.properties(properties)
+    return builder.build()
+
+
+def messages(data: int) -> list[_Raw]:
+    """`data` data messages and a W_SET after every `MARKER_EVERY`, in entries of `PER_ENTRY` messages."""
+    plain = _built({}, b"x" * 100)
+    marker = _built({MARKER_PROPERTY: "W_SET"}, encode_set(1_000_000))
+    out: list[_Raw] = []
+    count = 0
+    while count < data:
+        is_marker = len(out) % (MARKER_EVERY + 1) == MARKER_EVERY
+        source = marker if is_marker else plain
+        raw = _Raw()
+        entry, index = divmod(len(out), PER_ENTRY)
+        raw.message_id = functools.partial(_pulsar.MessageId, -1, 7, entry, index)
+        for name in ("properties", "event_timestamp", "data", "producer_name", "publish_timestamp", "topic_name"):
+            setattr(raw, name, getattr(source, name))
+        out.append(raw)
+        count += not is_marker
+    return out
+
+
+class _Binding:
+    """`pulsar.Consumer._consumer`: C calls only (`receive(timeout)` is `next(iterator, timeout)`)."""
+
+    def __init__(self, raws: list[_Raw]) -> None:
+        self.receive = functools.partial(next, iter(raws))
+        self.acknowledged: list[Any] = []
+        self.acknowledge = self.acknowledged.append
+        self._raws, self._at = raws, 0
+
+    def batch_receive(self) -> list[_Raw]:
+        at, self._at = self._at, self._at + BATCH
+        return self._raws[at : at + BATCH]
+
+    def close(self) -> None:
+        pass
+
+
+class _EmptyReader:
+    """The companion topic's reader: nothing published."""
+
+    def has_message_available(self) -> bool:
+        return False
+
+    def read_next(self, timeout_millis: int = 0) -> Any:
+        time.sleep(timeout_millis / 1000)
+        raise pulsar.Timeout("nothing")
+
+    def close(self) -> None:
+        pass
+
+
+class _Client:
+    """What `WatermarkConsumer` asks of `pulsar.Client`: a topic without partitions, an empty companion topic."""
+
+    def __init__(self, raws: list[_Raw]) -> None:
+        self.raws = raws
+
+    def get_topic_partitions(self, topic: str) -> list[str]:
+        return [topic]
+
+    def create_reader(self, *_args: Any, **_options: Any) -> _EmptyReader:
+        return _EmptyReader()
+
+    def subscribe(self, *_args: Any, **_options: Any) -> pulsar.Consumer:
+        return _plain(self.raws)
+
+
+def _plain(raws: list[_Raw]) -> pulsar.Consumer:
+    consumer = pulsar.Consumer()
+    consumer._consumer, consumer._schema = _Binding(raws), pulsar.schema.BytesSchema()
+    setattr(consumer, "close", consumer._consumer.close)  # noqa: B010 (no client to leave)
+    return consumer
+
+
+def _ours(raws: list[_Raw]) -> WatermarkConsumer:
+    return WatermarkConsumer(_Client(raws), TOPIC, "bench", admin_url=NOWHERE)
+
+
+def run(mode: str, data: int) -> float:
+    """CPU seconds of this thread per data message (markers are read too: the plain consumer gets them as data)."""
+    raws = messages(data)
+    consumer: pulsar.Consumer | WatermarkConsumer = _ours(raws) if mode in ("pull", "batch") else _plain(raws)
+    count = data if mode in ("pull", "batch") else len(raws)
+    started = time.thread_time()
+    if mode in ("pull", "plain"):
+        for _ in range(count):
+            consumer.acknowledge(consumer.receive(timeout_millis=30_000))
+    else:
+        received = 0
+        while received < count:
+            for message in consumer.batch_receive():
+                consumer.acknowledge(message)
+                received += 1
+    elapsed = (time.thread_time() - started) / data
+    consumer.close()
+    return elapsed
+
+
+def main(argv: list[str]) -> None:
+    mode = argv[0] if argv else "pull"
+    data = int(argv[1]) if len(argv) > 1 else 50_000
+    if mode not in ("pull", "batch", "plain", "plain_batch"):
+        raise SystemExit("mode: pull, batch, plain or plain_batch")
+    print(f"{mode}: {run(mode, data) * 1e6:.2f} us of CPU per message ({data} messages)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
