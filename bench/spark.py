@@ -19,7 +19,15 @@ from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.settings import PulsarSettings
 from pulsar_access.topics import watermark_topic_for
-from watermark_core.protocol import EVENT_PROPERTY, HEAD_WATERMARK, MARKER_PROPERTY, Watermark, decode_head
+from watermark_core.protocol import (
+    EVENT_PROPERTY,
+    HEAD_WATERMARK,
+    MARKER_PROPERTY,
+    SEND_WATERMARK,
+    Watermark,
+    decode_head,
+    decode_table_with_heads,
+)
 
 BASE = 1_700_000_000_000
 TRIGGER_S = 1.0
@@ -96,11 +104,13 @@ def window_close_latency(spark: Any, client: pulsar.Client, admin: PulsarAdmin) 
                 message = reader.read_next(timeout_millis=200)
             except pulsar.Timeout:
                 continue
-            if message.properties().get(EVENT_PROPERTY) != HEAD_WATERMARK:
+            kind = message.properties().get(EVENT_PROPERTY)
+            riding = decode_table_with_heads(message.data())[1] if kind == SEND_WATERMARK else []
+            if kind != HEAD_WATERMARK and not riding:
                 continue
-            head = decode_head(message.data())
             now = time.monotonic()
-            heads[head.partition] = head.event_time
+            for head in riding or [decode_head(message.data())]:  # alone, or riding on a table
+                heads[head.partition] = max(heads.get(head.partition, 0), head.event_time)
             if len(heads) == 2:
                 with lock:
                     for index in range(ALL_WINDOWS + 1):
