@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Literal
@@ -174,7 +174,7 @@ class WatermarkDispatcher:
         partition = table.events[0].partition
         heads = companion.heads.on_table(partition, time.monotonic())
         if heads:
-            self._loop.cancel(("head", companion.topic, partition))
+            self._loop.cancel(_head_timer(companion, partition))
         self._send(companion, table, heads)
 
     def publish_head(self, head: HeadWatermark) -> None:
@@ -189,8 +189,10 @@ class WatermarkDispatcher:
         companion = self._companion(head.topic)
         action = companion.heads.on_head(head, time.monotonic())
         if action == "wait":
-            key = ("head", companion.topic, head.partition)
-            self._loop.call_at(time.time() + HEAD_WAIT_S, key, lambda: self._head_due(companion, head.partition))
+            due = time.time() + HEAD_WAIT_S
+            self._loop.call_at(
+                due, _head_timer(companion, head.partition), lambda: self._head_due(companion, head.partition)
+            )
         elif action == "send":
             self._head_alone(companion, head)
 
@@ -286,13 +288,13 @@ class WatermarkDispatcher:
             self._created += 1
             self._pool.submit(self._create, companion, f"__wm_dispatch-{self._instance_id}-{self._created}")
 
-    def _send(self, companion: Companion, table: PublishTable, heads: list[HeadWatermark] | None = None) -> None:
+    def _send(self, companion: Companion, table: PublishTable, heads: Sequence[HeadWatermark] = ()) -> None:
         companion.sent.sending_table(table)
-        for head in heads or ():
+        for head in heads:
             companion.sent.sending_head(head)
         self._send_async(
-            companion, encode_table(table.events, heads or ()), table_key(table.events[0].partition), SEND_WATERMARK,
-            lambda result: self._sent(companion, table, result, heads or []),
+            companion, encode_table(table.events, heads), table_key(table.events[0].partition), SEND_WATERMARK,
+            lambda result: self._sent(companion, table, result, heads),
         )  # fmt: skip
 
     def _send_head(self, companion: Companion, head: HeadWatermark) -> None:
@@ -336,7 +338,7 @@ class WatermarkDispatcher:
         else:
             self._send_head(companion, head)
 
-    def _sent(self, companion: Companion, table: PublishTable, result: object, heads: list[HeadWatermark]) -> None:
+    def _sent(self, companion: Companion, table: PublishTable, result: object, heads: Sequence[HeadWatermark]) -> None:
         first = table.events[0]
         if result != pulsar.Result.Ok:
             for head in heads:  # the heads that rode on it are sent again on their own, if still the latest
@@ -413,6 +415,11 @@ class WatermarkDispatcher:
                     for head in heads:
                         self._send_head(companion, head)
                 _close(companion.producer)
+
+
+def _head_timer(companion: Companion, partition: int) -> tuple[str, str, int]:
+    """The loop's timer key of a partition's waiting head events."""
+    return ("head", companion.topic, partition)
 
 
 def _close(producer: pulsar.Producer) -> None:
