@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 import threading
 import time
 import weakref
@@ -56,6 +57,47 @@ _Message = pulsar.Message
 NO_WATERMARK_WARNING_S = 30.0
 
 __all__ = ["LISTENER_POLL_MS", "NO_WATERMARK_WARNING_S", "WatermarkConsumer"]
+
+
+def _batch_policy_of(policy: pulsar.ConsumerBatchReceivePolicy | None, room: int) -> tuple[int, int, int]:
+    """(most messages, most bytes, wait in ms) of a `batch_receive_policy` (the client's default without one); like
+    the client, at most the receiver queue's size of messages."""
+    if policy is None:
+        return -1, 10 * 1024 * 1024, 100
+    raw = policy.policy()
+    most = raw.getMaxNumMessages()
+    return (room if most > room else most), raw.getMaxNumBytes(), raw.getTimeoutMs()
+
+
+def _collect_batch(receive: Callable[[int], Any], most: int, most_bytes: int, wait_ms: int) -> list[Any]:
+    """What the client's `batch_receive` returns, taken with `receive(timeout_ms)`: the messages that come until
+    `wait_ms` has passed (negative: no limit) or `most` messages or `most_bytes` bytes are in (negative or 0: no
+    limit; the last message may pass `most_bytes`, where the client keeps it for the next batch)."""
+    batch: list[Any] = []
+    append = batch.append
+    room = most if most > 0 else sys.maxsize
+    size = 0
+    clock = time.monotonic
+    deadline = clock() + wait_ms / 1000 if wait_ms >= 0 else float("inf")
+    while len(batch) < room:
+        try:
+            raw = receive(0)  # queued already: the common case while reading a backlog
+        except pulsar.Timeout:
+            left = min(int((deadline - clock()) * 1000), 2**31 - 1)
+            if left <= 0:
+                break
+            try:
+                raw = receive(left)
+            except pulsar.Timeout:
+                break
+        append(raw)
+        if most_bytes > 0:
+            size += raw.length()
+            if size >= most_bytes:
+                break
+        if clock() >= deadline:  # a backlog that never runs dry ends the batch at the timeout too
+            break
+    return batch
 
 
 class WatermarkConsumer:
@@ -126,6 +168,7 @@ class WatermarkConsumer:
         """The one partition every message comes from (a topic without partitions, or one partition of one)."""
         if self._dispatcher is not None:  # the feed queued what the catch-up found (`Attached`), first
             self._dispatcher.start()
+        self._batch_policy = _batch_policy_of(subscribe_options.get("batch_receive_policy"), room)
         self._inclusive_seek = bool(subscribe_options.get("start_message_id_inclusive", False))
         self._warning = threading.Timer(no_watermark_warning_s, self._warn_if_no_watermark)
         self._warning.daemon = True
@@ -260,12 +303,16 @@ class WatermarkConsumer:
 
     def batch_receive(self) -> list[pulsar.Message]:
         """The client's `batch_receive` (see its `batch_receive_policy`) with the markers taken out (they are
-        acknowledged here), and the seek target Pulsar would deliver again; may be empty."""
+        acknowledged here), and the seek target Pulsar would deliver again; may be empty.
+
+        The batch is collected with `receive` under the same policy (`_collect_batch`): the client's own waits for
+        its listener thread and the wall clock, and either can stall it for good (docs/DECISIONS.md)."""
         if self._listener is not None:
             raise RuntimeError("this consumer has a listener; messages go to it, not to batch_receive()")
         received: list[tuple[int, Position, pulsar.Message, bool]] = []
         only, unnamed, schema, append = self._only_partition, self._unnamed_partition, self._schema, received.append
-        for raw in self._on_raw(lambda c: c.batch_receive()):  # `_wrap` inline: this loop runs per message
+        batch = self._on_raw(lambda c: _collect_batch(c.receive, *self._batch_policy))
+        for raw in batch:  # `_wrap` inline: this loop runs per message
             marker = MARKER_PROPERTY in raw.properties()
             msg_id = raw.message_id()
             partition = only

@@ -4,6 +4,7 @@ against a hand-written fake client (tests/unit/fake_pulsar.py): threads, the inb
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pulsar
@@ -187,6 +188,42 @@ def test_batch_receive_counts_late_messages_and_receive_after_close_raises(
     consumer.close()
     with pytest.raises(pulsar.AlreadyClosed):
         consumer.receive(50)
+
+
+def test_batch_receive_follows_the_policy_without_the_clients_batch_receive(
+    client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
+) -> None:
+    """The client's `batch_receive` hung a CI run for an hour: it completes on the client's listener thread and by the
+    wall clock. The shell collects a batch with `receive` under the same policy: up to `max_num_message` messages
+    (markers count, as in the client), else what comes until `timeout_ms`."""
+    client.publish_table(0, 1000)
+    policy = pulsar.ConsumerBatchReceivePolicy(3, -1, 300)
+    consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, admin_url=UNREACHABLE_ADMIN, batch_receive_policy=policy)
+    closing.append(consumer)
+    client.send(data(1, 1000), marker(2, 2000), data(3, 2000), data(4, 2000))
+    assert [message.data() for message in consumer.batch_receive()] == [b"data-1", b"data-3"]  # 3 messages
+    late = threading.Timer(0.1, client.send, (data(5, 2000),))
+    late.start()
+    started = time.monotonic()
+    assert [message.data() for message in consumer.batch_receive()] == [b"data-4", b"data-5"]
+    assert 0.25 <= time.monotonic() - started < 2  # waited for the timeout, not for a third message
+    started = time.monotonic()
+    assert consumer.batch_receive() == []
+    assert 0.25 <= time.monotonic() - started < 2
+
+
+def test_batch_receive_stops_at_the_policys_bytes(
+    client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
+) -> None:
+    client.publish_table(0, 1000)
+    policy = pulsar.ConsumerBatchReceivePolicy(-1, 12, 1_000)
+    consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, admin_url=UNREACHABLE_ADMIN, batch_receive_policy=policy)
+    closing.append(consumer)
+    client.send(data(1, 1000), data(2, 1000), data(3, 1000))  # 6 bytes each
+    started = time.monotonic()
+    assert [message.data() for message in consumer.batch_receive()] == [b"data-1", b"data-2"]
+    assert time.monotonic() - started < 0.5  # 12 bytes reached: no wait for the timeout
+    assert [message.data() for message in consumer.batch_receive()] == [b"data-3"]
 
 
 def test_a_reset_back_seen_from_what_comes_again_holds_the_watermark_where_it_was(
