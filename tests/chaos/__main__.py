@@ -35,7 +35,7 @@ from pulsar_access.admin import PulsarAdmin
 from tests.chaos import oracle
 from tests.chaos.checker import Violation
 from tests.chaos.plan import CUT_SHARE, KILL_SHARE, RESTART_SHARE, plan_scenario
-from tests.chaos.scenario import Cluster, ScenarioResult, run_scenario, suite_client
+from tests.chaos.scenario import FAILURES, Cluster, ScenarioResult, run_scenario, suite_client
 from tests.harness import GENERATOR_LISTENER, RunningPulsar, real_pulsar
 from tests.loopback_proxy import GeneratorLink
 from tests.oracle import keep_watermark_history
@@ -96,6 +96,21 @@ def cluster_on(running: RunningPulsar, work: Path, keep_history: bool = True) ->
             link.close()
 
 
+def keep_broker_log(cluster: Cluster, seed: int) -> Path:
+    """The broker's log lines about scenario `seed`'s topics (its companion topic's too), and the log's last lines,
+    to FAILURES/<seed>/broker.log: a scenario that failed to set up has no generator log to explain it."""
+    kept = FAILURES / str(seed)
+    kept.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+    for log_file in sorted((cluster.log_dir / "pulsar").glob("pulsar.log*"), reverse=True):  # oldest rolled first
+        with log_file.open(errors="replace") as text:
+            lines.extend(text)
+    about = f"chaos-{seed}-"
+    ours = [line for line in lines if about in line]
+    (kept / "broker.log").write_text("".join([*ours, "\n... the log's last 2000 lines:\n", *lines[-2000:]]))
+    return kept
+
+
 def run_many(
     cluster: Cluster,
     seeds: list[int],
@@ -134,6 +149,7 @@ def run_many(
         except Exception as exc:  # the suite itself failing is a finding too; go on with the others
             logging.getLogger("chaos").exception("scenario %d failed", seed)
             result = ScenarioResult(seed, Counter(), [Violation("scenario-error", "-", repr(exc))], 0, 0.0, 0.0)
+            result.notes.append(f"evidence kept in {keep_broker_log(cluster, seed)}")
         with lock:
             results.append(result)
             kinds = ", ".join(f"{n} {k}" for k, n in sorted(result.faults.items()))
