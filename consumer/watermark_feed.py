@@ -204,17 +204,25 @@ class WatermarkFeed:
         return self._perform is None and any(type(command) is Deliver for command in commands)
 
     def received_all(self, messages: list[tuple[int, Position, object, bool]]) -> list[object]:
-        """`received` for a batch (partition, position, message, marker): the messages handed over, in order. The
-        quiet ones up to the first that is not under one lock."""
-        quiet = 0
-        with self._lock:
-            engine = self._engine
-            for partition, position, _, marker in messages:
-                if marker or not engine.received_quietly(partition, position):
-                    break
-                quiet += 1
-        delivered = [message for _, _, message, _ in messages[:quiet]]
-        delivered.extend(item[2] for item in messages[quiet:] if self.received(*item))
+        """`received` for a batch (partition, position, message, marker): the messages handed over, in order. Each
+        run of quiet ones under one lock; the one that ends a run (a marker, a move back) is `received` alone, and
+        the next run starts after it (a batch of a backlog holds a W_SET every few hundred messages)."""
+        delivered: list[object] = []
+        append = delivered.append
+        lock, count, at = self._lock, len(messages), 0
+        while at < count:
+            with lock:
+                quietly = self._engine.received_quietly  # the engine stays the same under the lock
+                while at < count:
+                    partition, position, message, marker = messages[at]
+                    if marker or not quietly(partition, position):
+                        break
+                    append(message)
+                    at += 1
+            if at < count:
+                if self.received(*messages[at]):
+                    append(messages[at][2])
+                at += 1
         return delivered
 
     def acknowledged_quietly(self, partition: int, position: Position) -> bool:
