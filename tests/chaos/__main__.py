@@ -102,7 +102,8 @@ def keep_broker_log(cluster: Cluster, seed: int) -> Path:
     kept = FAILURES / str(seed)
     kept.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
-    for log_file in sorted((cluster.log_dir / "pulsar").glob("pulsar.log*"), reverse=True):  # oldest rolled first
+    files = (cluster.log_dir / "pulsar").glob("pulsar.log*")
+    for log_file in sorted(files, key=lambda f: (f.name == "pulsar.log", f.name)):  # log4j2's rolled (.1 oldest) first
         with log_file.open(errors="replace") as text:
             lines.extend(text)
     about = f"chaos-{seed}-"
