@@ -75,11 +75,11 @@ def _collect_batch(receive: Callable[[int], Any], most: int, most_bytes: int, wa
     limit; the last message may pass `most_bytes`, where the client keeps it for the next batch)."""
     batch: list[Any] = []
     append = batch.append
-    room = most if most > 0 else sys.maxsize
+    limit = most if most > 0 else sys.maxsize
     size = 0
     clock = time.monotonic
     deadline = clock() + wait_ms / 1000 if wait_ms >= 0 else float("inf")
-    while len(batch) < room:
+    while len(batch) < limit:
         try:
             raw = receive(0)  # queued already: the common case while reading a backlog
         except pulsar.Timeout:
