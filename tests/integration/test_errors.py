@@ -7,6 +7,7 @@ URL checks, `make cluster-up` on a busy port) are in tests/unit/test_error_messa
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -25,6 +26,7 @@ from consumer import WatermarkConsumer
 from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.errors import PulsarClientError
+from pulsar_access.incarnations import Incarnations
 from pulsar_access.settings import PulsarSettings
 from tests.integration.helpers import Recorder, wait_until
 
@@ -281,3 +283,28 @@ def test_serve_with_a_topic_that_does_not_exist_follows_the_others_and_says_so(
         service.close()
     warnings = [r.getMessage() for r in caplog.records if missing in r.getMessage()]
     assert len(warnings) == 1 and "followed once created" in warnings[0]
+
+
+def test_an_admin_api_that_does_not_know_the_topic_is_not_taken_as_its_incarnation(
+    pulsar_settings: PulsarSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by the chaos suite: a consumer on the default admin URL while another cluster's broker answered there
+    took its "topic not found" as "no property", found every event's token stale and never had a watermark. Here the
+    real broker answers for a topic it has never had, as another cluster's would; unnamed is the default URL's reader
+    (`Incarnations.for_consumer` without admin_url or PULSAR_ADMIN_URL), named the user's."""
+    elsewhere = f"persistent://public/default/another-cluster-{uuid.uuid4().hex[:12]}"
+    unnamed = Incarnations(PulsarAdmin(pulsar_settings), reader="subscription 's'", named=False, owns_admin=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="pulsar_access.incarnations"):
+            assert unnamed.holds(elsewhere, -1, "a") and unnamed.holds(elsewhere, -1, "a")
+        assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []  # the user named no URL
+    finally:
+        unnamed.close()
+    named = Incarnations(PulsarAdmin(pulsar_settings), reader="subscription 's'", named=True, owns_admin=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="pulsar_access.incarnations"):
+            assert named.holds(elsewhere, 0, "a")
+        (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert "does not know the topic" in warning and "PULSAR_ADMIN_URL" in warning
+    finally:
+        named.close()

@@ -1,20 +1,20 @@
 """What a reader of companion topics says when it cannot read a topic's incarnation (pulsar_access/incarnations.py).
 
-No broker: the admin API is a closed local port (a real refused connection), a local HTTP server that knows
-no topic, or absent.
+No broker: the admin API is a closed local port (a real refused connection), or absent. An admin API that does
+not know the topic (another cluster's) is the real broker's answer, in tests/integration/test_errors.py.
 """
 
 from __future__ import annotations
 
-import http.server
 import logging
 import socket
-import threading
-from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
+from pulsar_access.admin import PulsarAdmin
 from pulsar_access.incarnations import Incarnations
+from pulsar_access.settings import PulsarSettings
 
 pytestmark = pytest.mark.unit
 
@@ -33,11 +33,11 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_a_consumer_left_on_the_default_admin_url_is_quiet_until_its_topic_changes_incarnation(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr("pulsar_access.settings.DEFAULT_ADMIN_URL", _closed_port_url())
-    monkeypatch.delenv("PULSAR_ADMIN_URL", raising=False)
-    incarnations = Incarnations.for_consumer(None, reader="subscription 's'")
+    """`Incarnations.for_consumer(None)` without PULSAR_ADMIN_URL: the default URL, not named by the user."""
+    settings = replace(PulsarSettings.from_env(), admin_url=_closed_port_url())
+    incarnations = Incarnations(PulsarAdmin(settings), reader="subscription 's'", named=False, owns_admin=True)
     try:
         with caplog.at_level(logging.DEBUG, logger="pulsar_access.incarnations"):
             for partition in (0, 1):
@@ -73,46 +73,3 @@ def test_a_reader_without_an_admin_api_takes_every_event(caplog: pytest.LogCaptu
     with caplog.at_level(logging.WARNING):
         assert all(incarnations.holds(TOPIC, -1, token) for token in (None, "a", None))
     assert _warnings(caplog) == []
-
-
-class _KnowsNoTopic(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_error(404)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def another_service() -> Iterator[str]:
-    """Something else listening where a consumer looks for its admin API: it knows no topic (404)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _KnowsNoTopic)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-def test_an_admin_api_that_does_not_know_the_topic_is_not_taken_as_its_incarnation(
-    another_service: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Found by the chaos suite: a consumer on the default admin URL while another process answered there took
-    "not found" as "no property", found every event's token stale and never had a watermark."""
-    monkeypatch.setattr("pulsar_access.settings.DEFAULT_ADMIN_URL", another_service)
-    monkeypatch.delenv("PULSAR_ADMIN_URL", raising=False)
-    incarnations = Incarnations.for_consumer(None, reader="subscription 's'")
-    try:
-        with caplog.at_level(logging.WARNING):
-            assert incarnations.holds(TOPIC, -1, "a") and incarnations.holds(TOPIC, -1, "a")
-        assert _warnings(caplog) == []
-    finally:
-        incarnations.close()
-    named = Incarnations.for_consumer(another_service, reader="subscription 's'")
-    try:
-        with caplog.at_level(logging.WARNING):
-            assert named.holds(TOPIC, 0, "a")
-        (warning,) = _warnings(caplog)
-        assert "does not know the topic" in warning
-    finally:
-        named.close()
