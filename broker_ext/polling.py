@@ -149,8 +149,6 @@ class Followed(Protocol):
 
     def lost(self, owner: str) -> None: ...
 
-    def named_owner(self, polled: CursorsPolled) -> None: ...
-
 
 @dataclass
 class PollState:
