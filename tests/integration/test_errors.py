@@ -293,18 +293,22 @@ def test_an_admin_api_that_does_not_know_the_topic_is_not_taken_as_its_incarnati
     real broker answers for a topic it has never had, as another cluster's would; unnamed is the default URL's reader
     (`Incarnations.for_consumer` without admin_url or PULSAR_ADMIN_URL), named the user's."""
     elsewhere = f"persistent://public/default/another-cluster-{uuid.uuid4().hex[:12]}"
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
     unnamed = Incarnations(PulsarAdmin(pulsar_settings), reader="subscription 's'", named=False, owns_admin=True)
     try:
         with caplog.at_level(logging.WARNING, logger="pulsar_access.incarnations"):
             assert unnamed.holds(elsewhere, -1, "a") and unnamed.holds(elsewhere, -1, "a")
-        assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []  # the user named no URL
+        assert warnings() == []  # the user named no URL
     finally:
         unnamed.close()
     named = Incarnations(PulsarAdmin(pulsar_settings), reader="subscription 's'", named=True, owns_admin=True)
     try:
         with caplog.at_level(logging.WARNING, logger="pulsar_access.incarnations"):
             assert named.holds(elsewhere, 0, "a")
-        (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        (warning,) = warnings()
         assert "does not know the topic" in warning and "PULSAR_ADMIN_URL" in warning
     finally:
         named.close()

@@ -35,7 +35,8 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_a_consumer_left_on_the_default_admin_url_is_quiet_until_its_topic_changes_incarnation(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """`Incarnations.for_consumer(None)` without PULSAR_ADMIN_URL: the default URL, not named by the user."""
+    """The reader `Incarnations.for_consumer` makes without admin_url or PULSAR_ADMIN_URL: the default URL, which
+    the user did not name (`named=False`), here on a port where nothing listens."""
     settings = replace(PulsarSettings.from_env(), admin_url=_closed_port_url())
     incarnations = Incarnations(PulsarAdmin(settings), reader="subscription 's'", named=False, owns_admin=True)
     try:
