@@ -299,7 +299,7 @@ def _payloads(client: pulsar.Client, topic: str) -> list[str]:
 
 
 def test_entries_run_again_after_a_death_are_dropped_whole_or_written_whole(
-    pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str
 ) -> None:
     """What the sink's batching rests on, on the real broker and client: the broker keeps an entry's first
     sequence id only, drops an entry sent again whole, and takes an entry that straddles it whole (rows
@@ -307,7 +307,7 @@ def test_entries_run_again_after_a_death_are_dropped_whole_or_written_whole(
     from spark_sink.sink import ENTRY_PRODUCER, entries_to_send, send_entries, sequence_id
     from tests.integration.test_spark import deduplicated
 
-    output = deduplicated(admin, f"{topic}-entries")
+    output = deduplicated(admin, f"persistent://{namespace}/entries")  # no generator: only the sink's entries
     batch, limits = 7, (3, 1 << 20)
     messages = [(f"r{row}".encode(), {}) for row in range(10)]
     sizes = [len(payload) for payload, _ in messages]
