@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 import pulsar
 
@@ -105,7 +106,7 @@ def engine_config(config: GeneratorConfig) -> EngineConfig:
 class PartitionIO:
     """Feeds one partition's engine with what Pulsar delivers and answers, and carries out its commands."""
 
-    def __init__(self, topic: str, ctx: Context) -> None:
+    def __init__(self, topic: str, ctx: Context, *, fresh: bool = False) -> None:
         self.topic = topic
         self.base_topic, self.partition = base_topic_and_partition(topic)
         self.ctx = ctx
@@ -125,6 +126,13 @@ class PartitionIO:
         self._anchor: tuple[Position, pulsar.Message] | None = None
         """The message a periodic snapshot states, acknowledged once the snapshot is durable."""
         self._was_owner = False
+        self._fresh = fresh
+        """The topic appeared while this generator runs (a broker's plugin saw it): it may read ahead once."""
+        self._reading_ahead = False
+        self._ahead: Any = None
+        """The reader of `named_owner`, while it reads ahead of our consumer's first delivery."""
+        self._delivered = False
+        """Our consumer has delivered an entry (the read-ahead is over)."""
         self._malformed_logged: set[str] = set()
         labels = (self.base_topic, str(self.partition))
         self._markers_applied = ctx.metrics.markers_applied.labels(*labels)
@@ -144,7 +152,50 @@ class PartitionIO:
         self.handle(polled, polled=True)
 
     def lost(self, owner: str) -> None:
+        self._stop_reading_ahead()
         self.handle(OwnershipLost(instance_of(owner)))
+
+    def named_owner(self, polled: CursorsPolled) -> None:
+        """The broker's plugin says the broker chose our consumer to deliver to. Pulsar starts delivering to a
+        Failover subscription's chosen consumer only `activeConsumerFailoverDelayTimeMillis` (1 s by default) later,
+        the first time too, so a topic that appeared while we run reads the same entries (those after the generator's
+        cursor) with a reader meanwhile: its first watermark does not wait for that delay. The engine takes entries
+        in order from either and ignores those it has (docs/DECISIONS.md, "A new topic reads ahead")."""
+        ledger, entry = polled.generator_cursor
+        if not self._fresh or self._reading_ahead or self._delivered or self.consumer is None or self.closed:
+            return
+        if ledger < 0:
+            return  # the broker has not made our subscription yet
+        self._reading_ahead = True
+        start = pulsar.MessageId(self.partition, ledger, entry, -1)  # exclusive: what comes after the cursor
+        self.ctx.pool.submit(self._open_reader, start)
+
+    def _open_reader(self, start: pulsar.MessageId) -> None:
+        try:
+            reader = self.ctx.client.create_reader(
+                self.topic, start, reader_listener=self._ahead_listener, receiver_queue_size=RECEIVER_QUEUE
+            )
+        except Exception as exc:  # the consumer's delivery comes anyway
+            log.debug("%s: reading ahead of our consumer's first delivery failed: %s", self.topic, exc)
+            return
+        self.ctx.loop.post(lambda: self._reader_opened(reader))
+
+    def _reader_opened(self, reader: Any) -> None:
+        if not self._reading_ahead or self._delivered or self.closed:
+            self.ctx.pool.submit(_close, reader)
+            return
+        self._ahead = reader
+        log.info("%s: reading ahead until Pulsar delivers to our consumer (its failover delay)", self.topic)
+
+    def _ahead_listener(self, _reader: Any, message: pulsar.Message) -> None:
+        """On the client's listener thread, as `_listener`."""
+        self.ctx.loop.post_message(lambda: self.on_message(message, ahead=True))
+
+    def _stop_reading_ahead(self) -> None:
+        self._reading_ahead = False
+        reader, self._ahead = self._ahead, None
+        if reader is not None:
+            self.ctx.pool.submit(_close, reader)
 
     # -- subscribing ------------------------------------------------------------------------------------
 
@@ -187,11 +238,18 @@ class PartitionIO:
 
     # -- events -----------------------------------------------------------------------------------------
 
-    def on_message(self, message: pulsar.Message) -> None:
+    def on_message(self, message: pulsar.Message, *, ahead: bool = False) -> None:
+        """An entry our consumer delivered, or (`ahead`) the read-ahead's reader read."""
         if self.closed:
             return
         position = message_position(message)
-        if position > self._last_position:
+        if ahead:
+            if not self._reading_ahead:
+                return  # the consumer delivers from the generator's cursor on now
+        elif not self._delivered:
+            self._delivered = True
+            self._stop_reading_ahead()
+        if not ahead and position > self._last_position:  # a snapshot's anchor is acknowledged on our consumer
             self._last_position, self._last_message = position, message
         properties = message.properties()
         if MARKER_PROPERTY in properties:
@@ -418,6 +476,7 @@ class PartitionIO:
         if self.closed:
             return
         self.closed = True
+        self._stop_reading_ahead()
         self.ctx.loop.cancel((self.topic, "tick"))
         self.ctx.loop.cancel((self.topic, "incarnation"))
         self.ctx.poller.remove(self)

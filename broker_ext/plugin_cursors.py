@@ -166,6 +166,8 @@ class PluginCursors:
             partition.poll.pushed = True
             if partition.owner or partition.wants_cursors:
                 self._deliver(partition, pushed)
+            elif owner == partition.consumer_name:
+                partition.named_owner(polled)  # the broker chose us; it delivers a second later
 
     def _forget(self, broker: str, topics: list[str]) -> None:
         """The broker no longer serves these topics (moved, unloaded, deleted, or it went away): admin reads

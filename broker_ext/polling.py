@@ -149,6 +149,8 @@ class Followed(Protocol):
 
     def lost(self, owner: str) -> None: ...
 
+    def named_owner(self, polled: CursorsPolled) -> None: ...
+
 
 @dataclass
 class PollState:

@@ -146,11 +146,11 @@ class GeneratorService:
         for partition in self.partitions.values():
             partition.subscribe()  # again, where it failed (a broker away)
 
-    def _follow(self, topics: set[str]) -> None:
-        """Follow the partitions not followed yet (on the loop)."""
+    def _follow(self, topics: set[str], *, fresh: bool = False) -> None:
+        """Follow the partitions not followed yet (on the loop); `fresh`: they appeared while we run."""
         for topic in sorted(topics - self.partitions.keys()):
             log.info("following %s", topic)
-            partition = PartitionIO(topic, self.ctx)
+            partition = PartitionIO(topic, self.ctx, fresh=fresh)
             self.partitions[topic] = partition
             self._followed_at[topic] = time.monotonic()
             self.cursors.add(partition)
@@ -214,7 +214,7 @@ class GeneratorService:
             and is_followable(t, self.config.watermark_namespace)
         }  # fmt: skip
         if ours:
-            self._follow(ours)
+            self._follow(ours, fresh=True)
             self._discover_now.set()
 
     def _discovery_failed(self, exc: AdminError) -> None:

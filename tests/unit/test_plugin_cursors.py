@@ -36,10 +36,13 @@ class _Partition(SimpleNamespace):
     def lost(self, owner: str) -> None:
         self.lost_to.append(owner)
 
+    def named_owner(self, polled: CursorsPolled) -> None:
+        self.named.append(polled)
+
 
 def _partition(topic: str = T0) -> Any:
     return _Partition(topic=topic, base_topic=topic, partition=-1, consumer_name="c", poll=PollState(), closed=False,
-                      owner=True, wants_cursors=True, told=[], lost_to=[])  # fmt: skip
+                      owner=True, wants_cursors=True, told=[], lost_to=[], named=[])  # fmt: skip
 
 
 def _cursors() -> PluginCursors:
@@ -93,6 +96,19 @@ def test_another_owner_reported_is_a_lost_partition() -> None:
     cursors.add(partition)
     cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: _report(3, owner="d")}, "gone": []})
     assert partition.lost_to == ["d"] and partition.told == []
+
+
+def test_a_partition_not_delivered_to_yet_hears_that_the_broker_chose_our_consumer() -> None:
+    """Pulsar delivers to a Failover subscription's chosen consumer a second later (its failover delay): the
+    partition may read ahead meanwhile (broker_ext/partition_io.py `named_owner`)."""
+    cursors, ours, theirs = _cursors(), _partition(T0), _partition(T0 + "-other")
+    for partition in (ours, theirs):
+        partition.owner = partition.wants_cursors = False
+        cursors.add(partition)
+    topics = {T0: _report(3, owner="c"), T0 + "-other": _report(3, owner="d")}
+    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": topics, "gone": []})
+    assert [p.generator_cursor for p in ours.named] == [(5, 2)] and ours.told == []
+    assert theirs.named == [] and theirs.told == [] and theirs.lost_to == []
 
 
 def test_a_topic_gone_from_its_broker_goes_back_to_admin_reads_until_another_broker_reports_it() -> None:
