@@ -166,6 +166,7 @@ class PartitionIO:
             return
         if ledger < 0:
             return  # the broker has not made our subscription yet
+        self._fresh = False  # once: if the broker chooses another consumer meanwhile, we wait for delivery
         self._reading_ahead = True
         start = pulsar.MessageId(self.partition, ledger, entry, -1)  # exclusive: what comes after the cursor
         self.ctx.pool.submit(self._open_reader, start)
