@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import time
+import traceback
 
 import msgpack
 import pulsar
@@ -287,7 +289,10 @@ def test_close_after_the_client_closed_still_stops_the_consumers_threads(
     with contextlib.suppress(pulsar.PulsarException):
         consumer.close()
     left = [t for t in threading.enumerate() if t.name in threads and t.is_alive()]
-    assert left == []
+    frames = sys._current_frames()  # where a thread that outlived close waits: what to fix
+    assert left == [], "".join(
+        f"{t.name}:\n{''.join(traceback.format_stack(frames[t.ident]))}" for t in left if t.ident in frames
+    )
 
 
 @pytest.mark.usefixtures("generator")
