@@ -68,11 +68,19 @@ class Generator:
         """Seconds until a watermark was published for `pairs` (partition, subscription) pairs: the take-over done."""
         started = time.monotonic()
         while self.subscriptions_published() < pairs:
+            self.check_alive()
             if time.monotonic() - started > within_s:
                 raise TimeoutError(f"the generator published for {self.subscriptions_published()} of {pairs} "
                                    f"subscriptions within {within_s:.0f} s")  # fmt: skip
             time.sleep(0.5)
         return time.monotonic() - started
+
+    def check_alive(self) -> None:
+        """Raise if the process has ended: a bench waiting for its watermarks would otherwise wait out its limit."""
+        code = self.proc.poll()
+        if code is not None:
+            raise RuntimeError(f"the generator exited with {code} (a negative code is the signal that ended it); "
+                               f"its log is {self.log.name}")  # fmt: skip
 
     def kill(self) -> None:
         self.proc.kill()

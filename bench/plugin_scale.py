@@ -70,6 +70,7 @@ def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAd
         time.sleep(SETTLE_S)  # the take-over's tail: each topic's snapshot, 10 s after its last message
         cpu, gen_cpu, own_cpu = broker_cpu_seconds(broker), gen.cpu_seconds(), process_cpu_seconds(os.getpid())
         time.sleep(IDLE_S)
+        gen.check_alive()
         with_gen = (broker_cpu_seconds(broker) - cpu) / IDLE_S
         gen_idle = (gen.cpu_seconds() - gen_cpu) / IDLE_S
         clients_idle = (process_cpu_seconds(os.getpid()) - own_cpu) / IDLE_S
@@ -84,6 +85,7 @@ def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAd
         time.sleep(MEASURE_S)
         stop.set()
         ticker.join()
+        gen.check_alive()  # figures of a generator that died meanwhile would be the clients' alone
         ended = time.perf_counter()
         window = ended - measured_from
         loaded = {  # shares of a core over the latency window: is the machine the bound?
