@@ -10,6 +10,13 @@ import pytest
 from pulsar_access.admin import PulsarAdmin, TopicNotFound
 
 
+@pytest.fixture
+def topic(namespace: str) -> str:
+    """A topic in a namespace no generator follows: these tests read every message with a plain client, where the
+    session generator's `W_SNAPSHOT` would otherwise come among them (it writes one as soon as it owns a topic)."""
+    return f"persistent://{namespace}/plain"
+
+
 def _wait_mark_delete(admin: PulsarAdmin, topic: str, subscription: str, expected: tuple[int, int]) -> tuple[int, int]:
     """Acks are grouped by the client; poll until the cursor shows the expected position."""
     deadline = time.monotonic() + 10
