@@ -160,7 +160,7 @@ class PartitionIO:
         Failover subscription's chosen consumer only `activeConsumerFailoverDelayTimeMillis` (1 s by default) later,
         the first time too, so a topic that appeared while we run reads the same entries (those after the generator's
         cursor) with a reader meanwhile: its first watermark does not wait for that delay. The engine takes entries
-        in order from either and ignores those it has (docs/DECISIONS.md, "A new topic reads ahead")."""
+        in order from either and ignores those it has (docs/DECISIONS.md, "A new topic reading ahead")."""
         ledger, entry = polled.generator_cursor
         if not self._fresh or self._reading_ahead or self._delivered or self.consumer is None or self.closed:
             return
