@@ -14,6 +14,7 @@ import pulsar
 from broker_ext.engine.recovery import BEFORE_EVERYTHING
 from broker_ext.engine.vocabulary import MarkerFetched, RangeRead, ReadMarkerAt, ReadRange
 from pulsar_access.admin import PulsarAdmin
+from pulsar_access.readers import has_message_available
 from watermark_core.protocol import MARKER_PROPERTY, MalformedMarker, Marker, Position, decode_marker, position_of
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def read_range(client: pulsar.Client, admin: PulsarAdmin, topic: str, command: R
             try:
                 message = reader.read_next(timeout_millis=5_000)
             except pulsar.Timeout:
-                if not reader.has_message_available():
+                if not has_message_available(reader):  # raises when the broker did not answer: not an end
                     break  # the partition ends before `stop`
                 if time.monotonic() > deadline:
                     return RangeRead(command.request, first, (), frozenset(), error=(

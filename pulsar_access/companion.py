@@ -27,6 +27,7 @@ import pulsar
 
 from pulsar_access.errors import explained, service_url_of
 from pulsar_access.incarnations import Incarnations
+from pulsar_access.readers import has_message_available
 from pulsar_access.topics import base_topic_and_partition, watermark_topic_for
 from watermark_core.protocol import (
     EVENT_PROPERTY,
@@ -93,11 +94,11 @@ class CompanionReader:
     def catch_up(self) -> None:
         """Read what is already there (for at most `CATCH_UP_LIMIT_S`), on the caller's thread."""
         deadline = time.monotonic() + CATCH_UP_LIMIT_S
-        while time.monotonic() < deadline and self._reader.has_message_available():
-            try:
+        try:
+            while time.monotonic() < deadline and has_message_available(self._reader):
                 self._handle(self._reader.read_next(timeout_millis=1000))
-            except pulsar.Timeout:
-                break
+        except pulsar.PulsarException:  # a timeout, or no answer: the reading thread goes on from here
+            log.debug("catching up with the watermarks of %s stopped early", self.topic, exc_info=True)
 
     def start(self) -> None:
         """Read on, on a thread of its own, until `close`."""
@@ -132,8 +133,8 @@ class CompanionReader:
             return
         self._next_check = asked + CAUGHT_UP_CHECK_S
         try:
-            available = self._reader.has_message_available()
-        except Exception:  # reconnecting: ask again next turn
+            available = has_message_available(self._reader)
+        except Exception:  # no answer (reconnecting): not caught up; ask again next turn
             log.debug("asking the reader of %s for more failed", self.topic, exc_info=True)
             return
         if not available:

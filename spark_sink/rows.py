@@ -16,6 +16,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from pulsar_access.errors import explained
+from pulsar_access.readers import has_message_available
 from pulsar_access.topics import partition_name
 from spark_sink.clients import keep_reader, shared_client, take_reader
 from spark_sink.offsets import Entry
@@ -179,7 +180,7 @@ def read_range(options: SourceOptions, part: TopicRange, rows: ArrowRows) -> Ite
     try:
         while True:
             if message is None:
-                if last_entry == end and not reader.has_message_available():
+                if last_entry == end and not has_message_available(reader):  # no answer raises: Spark runs it again
                     break  # the end entry was the topic's last one (a batch whose size we cannot see)
                 try:
                     message = read_next(30_000)

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import pulsar
 
 from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound, durable_subscriptions, mark_delete_of
+from pulsar_access.readers import has_message_available
 from pulsar_access.topics import full_name, partition_name, watermark_namespace, watermark_topic_for
 from watermark_core.protocol import (
     EVENT_PROPERTY,
@@ -389,8 +390,8 @@ class TopicOracle:
 
 
 def _drain(reader: pulsar.Reader) -> Iterable[pulsar.Message]:
-    """Every message the reader has now."""
-    while reader.has_message_available():
+    """Every message the reader has now; `NotAnswered` when the broker did not say whether more is there."""
+    while has_message_available(reader):
         try:
             yield reader.read_next(timeout_millis=10_000)
         except pulsar.Timeout:

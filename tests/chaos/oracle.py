@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import pulsar
 
 from pulsar_access.admin import BrokerUnreachable, PulsarAdmin
+from pulsar_access.readers import NotAnswered
 from tests.chaos.checker import Violation
 from tests.oracle import OracleReport, TopicOracle, percentile
 from watermark_core.state import WatermarkConfig
@@ -35,7 +36,7 @@ def judge_scenario(
         try:
             report = TopicOracle(client, admin, topic, config).check(SETTLE_S)
             break
-        except BrokerUnreachable:
+        except (BrokerUnreachable, NotAnswered):  # an admin call, or a reader's question for more
             if time.monotonic() > give_up_at:
                 raise
             time.sleep(2.0)  # the check only reads: asked again whole once the topic's broker answers

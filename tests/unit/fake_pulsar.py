@@ -102,16 +102,31 @@ def marker(entry: int, event_time: int, partition: int = -1) -> FakeRaw:
 
 
 class FakeReader:
-    """The companion topic's reader: what was published, in order; `read_next` waits for the next."""
+    """The companion topic's reader: what was published, in order; `read_next` waits for the next.
+
+    While `unanswered` > 0, asking whether more is there fails as the client's does when its connection
+    goes while it asks: the plain call answers False, the binding's asynchronous one a failed result."""
 
     def __init__(self) -> None:
         self.queue: queue.Queue[FakeRaw] = queue.Queue()
         self.availability_asked = 0
+        self.unanswered = 0
         self.closed = False
+        self._reader = self  # `pulsar.Reader._reader`: the binding, with `has_message_available_async`
 
     def has_message_available(self) -> bool:
+        result, available = self._ask()
+        return available and result == pulsar.Result.Ok
+
+    def has_message_available_async(self, callback: Callable[[Any, bool], None]) -> None:
+        callback(*self._ask())
+
+    def _ask(self) -> tuple[Any, bool]:
         self.availability_asked += 1
-        return not self.queue.empty()
+        if self.unanswered > 0:
+            self.unanswered -= 1
+            return pulsar.Result.Timeout, False
+        return pulsar.Result.Ok, not self.queue.empty()
 
     def read_next(self, timeout_millis: int | None = None) -> FakeRaw:
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import pulsar
 import pytest
 
 pytest.importorskip("pyspark")
@@ -134,17 +135,26 @@ class FakeMessage:
 
 
 class FakeReader:
-    def __init__(self, messages: list[FakeMessage]) -> None:
+    """`unanswered`: asking whether more is there fails as the client's does when its connection goes (the
+    plain call answers False, the binding's asynchronous one a failed result)."""
+
+    def __init__(self, messages: list[FakeMessage], unanswered: bool = False) -> None:
         self.messages = iter(messages)
+        self.unanswered = unanswered
+        self.closed = False
+        self._reader = self
 
     def read_next(self, timeout_ms: int) -> FakeMessage:
         return next(self.messages)
 
     def has_message_available(self) -> bool:
-        return True
+        return not self.unanswered
+
+    def has_message_available_async(self, callback: Any) -> None:
+        callback(pulsar.Result.Timeout if self.unanswered else pulsar.Result.Ok, not self.unanswered)
 
     def close(self) -> None:
-        pass
+        self.closed = True
 
 
 @pytest.mark.parametrize("rows_per_batch", [2, 3, 8192])
@@ -193,3 +203,22 @@ def test_the_messages_of_batched_entries_each_take_their_entrys_position_produce
     assert [int(t.timestamp() * 1000) - BASE for t in got["publish_time"]] == [2000, 2000, 3000, 3000, 3000]
     kept = clients.take_reader(options.settings(), options.client_options, T, (7, 3))
     assert kept is not None and kept.pending is not None and kept.pending.id.entry == 4  # read past the end
+
+
+def test_a_batched_end_entry_is_not_cut_short_when_the_broker_does_not_answer_whether_more_is_there() -> None:
+    """The end entry's size cannot be seen: the range ends after it only when the broker says nothing more is
+    there. A question that went unanswered (the client answers "no") fails the task, which Spark runs again,
+    rather than ending the batch without the rest of the entry."""
+    from pulsar_access.readers import NotAnswered
+    from spark_sink import clients, rows
+    from spark_sink.options import SourceOptions
+
+    messages = [FakeMessage(entry, {}, index) for entry in (2, 3) for index in range(2)]
+    options = SourceOptions({"topic": T, "subscription": "s", "serviceUrl": "pulsar://localhost:6650",
+                             "adminUrl": "http://localhost:8080"})  # fmt: skip
+    part = TopicRange((T, -1), (7, 1), (7, 3), None, None, False)
+    reader = FakeReader(messages, unanswered=True)
+    clients.keep_reader(options.settings(), options.client_options, T, reader, (7, 1))
+    with pytest.raises(NotAnswered):
+        list(rows.read_range(options, part, ArrowRows(SPARK_SCHEMA, part)))
+    assert reader.closed  # not kept for the next range
