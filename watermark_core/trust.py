@@ -512,6 +512,8 @@ class WatermarkTrust:
         """
         for partition in partitions:
             state = self._partitions[partition]
+            # A move back not settled yet (an event read may be from before it): see the by-time case below.
+            unsettled = state.guarded or state.stale is not None
             state.outstanding, state.queued, state.nacked = set(), {}, set()
             state.last, state.acknowledged_through = None, None  # what comes again is expected now
             state.acknowledged.clear()
@@ -538,7 +540,11 @@ class WatermarkTrust:
                 # computed before the latest one read (taken or not) follows a move back: this one, at the
                 # latest (what no event read says is an earlier one is "What the rule cannot see").
                 read = [event.position for event in (state.held, state.latest) if event is not None]
-                state.floor, state.provisional, state.by_time = max(read, default=BEFORE_ALL), True, True
+                # Unless a move back before the seek is still unsettled: the event recomputed for it may be read
+                # after the seek, before the latest one, and is not the seek's. Then no event is taken by where it
+                # was computed until the first message says where the seek went (or `_landed`).
+                floor = BEFORE_ALL if unsettled else max(read, default=BEFORE_ALL)
+                state.floor, state.provisional, state.by_time = floor, True, True
                 continue
             point = target
             if state.held is not None and point > state.held.position:
