@@ -512,8 +512,11 @@ class WatermarkTrust:
         """
         for partition in partitions:
             state = self._partitions[partition]
-            # A move back not settled yet (an event read may be from before it): see the by-time case below.
-            unsettled = state.guarded or state.stale is not None
+            # A move back not settled yet (an event read may be from before it): see the by-time case below. A floor
+            # not set by a message still outstanding is a move back whose event before it is still awaited.
+            low = state.lowest_outstanding()
+            awaited = state.floor is not None and (low is None or state.floor < low)
+            unsettled = state.guarded or state.stale is not None or awaited
             state.outstanding, state.queued, state.nacked = set(), {}, set()
             state.last, state.acknowledged_through = None, None  # what comes again is expected now
             state.acknowledged.clear()

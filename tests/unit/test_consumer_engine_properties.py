@@ -331,19 +331,34 @@ def test_a_seek_by_time_after_a_reset_while_its_event_is_in_flight() -> None:
     assert_converges(world, (False, False))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a seek by id, then a reset back while the seek's events are in flight, then a seek by publish "
-    "time with nothing delivered after it: the event computed before the reset (1001 at entry 7) is taken while "
-    "entry 1 (1000) is still to come; fails on main's code too (found with 5000 fresh examples, session 19)",
-)
-def test_a_seek_by_time_with_nothing_delivered_after_a_reset_it_never_saw() -> None:
-    """After the seek by id to 4 and the reset back to 1, nothing was delivered to this consumer, so it never saw
-    the reset; the seek by publish time then leaves nothing to compare with, and the generator's event from before
-    the reset reads as where the seek landed."""
+def test_a_seek_by_time_while_an_event_before_a_move_back_is_still_awaited() -> None:
+    """Found with 5000 fresh examples (session 19). After the seek by id to 4, entry 3 came again (a move back):
+    the consumer waits for an event computed before 3. A seek by publish time then took its floor at the latest
+    event read (3), so the awaited event (2, at 1001), computed for the move back and read after the seek, passed
+    for the seek's own while entry 1 (1000) was still to come. A floor still awaiting its event is a move back
+    not settled: the seek then takes no event by position until it has landed (session 20)."""
     first = [Entry("a", 1000, True), Entry("a", 1000, False), Entry("a", 1001, True)] + [Entry("a", 1001, False)] * 15
     world = started(first, [Entry("a", 1000, True)], listener=False, partitioned=False, publishes_none=False)
     play(world, [("seek", 0, 4, "id"), ("reset_while_in_flight", 0, 1, 1), ("tick", 0.5)], [Entry("a", 0, True)])
+    world.seek(-1, 0, "time")
+    play(world, [("read_to_end",)], [Entry("a", 0, True)])
+    assert_converges(world, (False, False))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: an operator's reset the consumer could not see (entry 2 came here for the first time), then a seek "
+    "by publish time: the generator's event for the reset (2, at 1001), published before the seek and read after "
+    "it, is before the latest event read and passes for the seek's, while entry 1 (1000) is still to come (found "
+    "with 5000 fresh examples, session 20; the 'unseen reset' class met through a seek by time)",
+)
+def test_a_seek_by_time_after_a_reset_the_consumer_could_not_see() -> None:
+    """Reset to 4 with nothing received, E(3) published; reset back to 2, entry 2 comes (never received here, so no
+    move back shows) and is acknowledged, E(3) is read and held; the generator publishes E(2) for the reset. A seek
+    by publish time back to 0 takes its floor at E(3); E(2), read after the seek, is before it."""
+    first = [Entry("a", 1000, True), Entry("a", 1000, False), Entry("a", 1001, True)] + [Entry("a", 1001, False)] * 15
+    world = started(first, [Entry("a", 1000, True)], listener=False, partitioned=False, publishes_none=False)
+    play(world, [("seek", 0, 4, "reset"), ("reset_while_in_flight", 0, 2, 1), ("tick", 0.5)], [Entry("a", 0, True)])
     world.seek(-1, 0, "time")
     play(world, [("read_to_end",)], [Entry("a", 0, True)])
     assert_converges(world, (False, False))
