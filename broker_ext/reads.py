@@ -14,7 +14,7 @@ import pulsar
 from broker_ext.engine.recovery import BEFORE_EVERYTHING
 from broker_ext.engine.vocabulary import MarkerFetched, RangeRead, ReadMarkerAt, ReadRange
 from pulsar_access.admin import PulsarAdmin
-from pulsar_access.readers import has_message_available
+from pulsar_access.readers import NotAnswered, has_message_available
 from watermark_core.protocol import MARKER_PROPERTY, MalformedMarker, Marker, Position, decode_marker, position_of
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,13 @@ def read_marker_at(client: pulsar.Client, topic: str, command: ReadMarkerAt) -> 
         except MalformedMarker:
             return MarkerFetched(command.request, position, None)
     except pulsar.Timeout:
-        return MarkerFetched(command.request, position, None)
+        try:
+            if not has_message_available(reader):  # the broker says nothing is there: deleted
+                return MarkerFetched(command.request, position, None)
+            error = "the entry did not come although the broker has more"
+        except NotAnswered as exc:
+            error = str(exc)
+        return MarkerFetched(command.request, position, None, error=error)
     except Exception as exc:
         return MarkerFetched(command.request, position, None, error=f"{type(exc).__name__}: {exc}")
     finally:

@@ -52,3 +52,19 @@ def test_a_read_ends_where_the_broker_says_the_partition_ends() -> None:
     assert read.error is None
     assert [m.event_time for m in read.markers] == [1000, 1001, 1002]
     assert read.first is not None and read.first[:2] == (7, 0)
+
+
+def test_a_snapshot_read_that_times_out_unanswered_is_an_error_not_a_chain_that_ends() -> None:
+    """A link of the snapshot chain that does not come within the read's wait is "not there" only when the broker
+    says nothing more is there; a connection that went meanwhile is an error the engine retries (a chain taken as
+    ended rebuilds from the partition's start, which retention may no longer hold)."""
+    from broker_ext.engine.vocabulary import ReadMarkerAt
+    from broker_ext.reads import read_marker_at
+
+    reader = reader_with_markers()
+    reader.unanswered = 1
+    fetched = read_marker_at(OneReaderClient(reader), "t", ReadMarkerAt(1, (7, 5, -1)))  # type: ignore[arg-type]
+    assert fetched.error is not None and fetched.marker is None
+    reader = reader_with_markers()
+    fetched = read_marker_at(OneReaderClient(reader), "t", ReadMarkerAt(1, (7, 5, -1)))  # type: ignore[arg-type]
+    assert fetched.error is None and fetched.marker is None  # answered: nothing there
