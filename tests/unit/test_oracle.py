@@ -134,3 +134,15 @@ def test_the_fault_suite_totals_the_reports_of_a_run() -> None:
     }  # fmt: skip
     assert describe(first) == "oracle: 2 checked, 0 premature, 1 late (max 300 ms), 0 stuck"
     assert describe(None) == "oracle off"
+
+
+def test_the_chaos_oracle_asks_again_only_while_the_topics_broker_is_away_or_not_its_owner_yet() -> None:
+    from pulsar_access.admin import AdminError, BrokerUnreachable, TopicNotFound
+    from pulsar_access.readers import NotAnswered
+    from tests.chaos.oracle import _transient
+
+    assert _transient(BrokerUnreachable("refused"))
+    assert _transient(NotAnswered("reset"))
+    assert _transient(AdminError("Can't find owner for topic", status=412))
+    assert not _transient(TopicNotFound("gone", status=404))
+    assert not _transient(AdminError("server error", status=500))
