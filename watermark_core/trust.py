@@ -506,6 +506,8 @@ class WatermarkTrust:
 
         An unknown target is taken as the held event's position: an event computed before it can
         only come from a move back, and the first message after the seek tells which way it went.
+        While a move back before the seek is unsettled, it is taken as before every entry instead: the
+        event computed for that move may still be read after the seek.
 
         What the partitions received before the seek is forgotten: delivery starts again from the
         target, and what comes again is received again.
