@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import gc
 import logging
 import signal
 import sys
@@ -17,11 +18,22 @@ from pulsar_access.settings import PulsarSettings
 
 log = logging.getLogger("broker_ext")
 
+GC_YOUNG_THRESHOLD = 50_000
+"""Allocations between two of Python's youngest collections (its default is 700). The generator keeps its
+states immutable, so each marker replaces a few short-lived objects; at 700 they were swept up into the older
+generations and their collections took about a fifth of the generator's CPU in a burst (py-spy, session 21)."""
+
+
+def _tune_gc() -> None:
+    """Collect less often: cycles are still found, the short-lived states are freed by their reference count."""
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+
 
 def _serve(args: argparse.Namespace) -> int:
     from broker_ext.service import GeneratorService
 
     config = generator_config.from_arguments(args)
+    _tune_gc()
     service = GeneratorService(config, PulsarSettings.from_env())
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
