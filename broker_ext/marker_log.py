@@ -62,8 +62,11 @@ class MarkerLog:
             state = state.apply(marker)
         return state
 
-    def state_at(self, position: Position) -> WatermarkState:
-        """The state after every marker at or before `position`."""
+    def state_at(self, position: Position, head: WatermarkState | None = None) -> WatermarkState:
+        """The state after every marker at or before `position`; `head`, the state at `head_position` where the
+        caller has it, is that state when `position` is there (the common case: no fold)."""
+        if head is not None and position >= self.head_position:
+            return head
         return self.fold(self.base, self.base_position, position)
 
     def keeping(self, limit: int) -> Position:
@@ -72,12 +75,14 @@ class MarkerLog:
             return self.base_position
         return self._positions[len(self._positions) - limit - 1]
 
-    def trim(self, up_to: Position) -> None:
-        """Fold the markers at or before `up_to` into the base; no position before it can be asked again."""
+    def trim(self, up_to: Position, known: WatermarkState | None = None) -> None:
+        """Fold the markers at or before `up_to` into the base; no position before it can be asked again.
+
+        `known`, where the caller has it, is the state at `up_to` (a subscription's there already): no fold."""
         up_to = min(up_to, self.head_position)
         if up_to <= self.base_position:
             return
-        self.base = self.state_at(up_to)
+        self.base = known if known is not None else self.state_at(up_to)
         cut = bisect.bisect_right(self._positions, up_to)
         del self._positions[:cut]
         del self._markers[:cut]
@@ -100,9 +105,11 @@ class SubscriptionTracker:
     last_event: WatermarkEvent | None = None
     """The event last published for it: tables repeat it while it is not ready, so each names it."""
 
-    def advance(self, log: MarkerLog) -> None:
-        """Fold forward toward the mark-delete position, never past what the log has read."""
+    def advance(self, log: MarkerLog, head: WatermarkState) -> None:
+        """Fold forward toward the mark-delete position, never past what the log has read; `head` is the state at
+        the log's head position: a subscription that reaches the head takes it instead of folding the same markers
+        again (each state is the fold of the log up to its position, whoever folded it)."""
         target = min(self.mark_delete, log.head_position)
         if target > self.applied_to:
-            self.state = log.fold(self.state, self.applied_to, target)
+            self.state = head if target == log.head_position else log.fold(self.state, self.applied_to, target)
             self.applied_to = target

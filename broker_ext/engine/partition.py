@@ -540,7 +540,7 @@ class PartitionEngine:
         """Give `tracker` the state at its position: from the marker log, else rebuilt from the partition."""
         target = min(tracker.mark_delete, f.log.head_position)
         if target >= f.log.base_position:
-            tracker.state, tracker.applied_to, tracker.rebuilding = f.log.state_at(target), target, False
+            tracker.state, tracker.applied_to, tracker.rebuilding = f.log.state_at(target, f.head), target, False
         else:
             self._rebuild_later(f, tracker)
 
@@ -561,7 +561,7 @@ class PartitionEngine:
                 if tracker.rebuilding:
                     continue
             try:
-                tracker.advance(f.log)
+                tracker.advance(f.log, f.head)
             except BeforeBase:
                 self._rebuild_later(f, tracker)
                 continue
@@ -652,7 +652,7 @@ class PartitionEngine:
         for tracker in f.trackers.values():  # let the trackers catch up with the head, so the log trims further
             if not tracker.rebuilding:
                 try:
-                    tracker.advance(f.log)
+                    tracker.advance(f.log, f.head)
                 except BeforeBase:
                     self._rebuild_later(f, tracker)
         f.snapshots_due.append((f.head.advanced_to(at), True))
@@ -664,7 +664,11 @@ class PartitionEngine:
         keep = [at] + [max(t.applied_to, floor) for t in f.trackers.values()]
         if self._rebuild is not None:
             keep.append(self._rebuild.stop)  # its fold goes on from the marker log there
-        f.log.trim(min(keep))
+        up_to = min(keep)
+        # the state there when the head or a subscription has it already: the trim folds nothing
+        ready = (t.state for t in f.trackers.values() if not t.rebuilding and t.applied_to == up_to)
+        known = f.head if up_to == at else next(ready, None)
+        f.log.trim(up_to, known)
 
     def _next_write(self, f: Following, now: float, out: list[Command]) -> None:
         """Ask for the next snapshot to be written: one at a time, so each names the one before it."""

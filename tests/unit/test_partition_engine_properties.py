@@ -7,6 +7,7 @@ and come back, the cursors are polled, time passes, and other instances take the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from unittest import mock
 
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from broker_ext.engine import EngineConfig, Following, recovery
 from tests.unit.partition_world import World
 from watermark_core.protocol import Position, entry_end
+from watermark_core.state import WatermarkState
 
 pytestmark = pytest.mark.unit
 
@@ -66,8 +68,15 @@ class Run:
         return self.written[index][:2]
 
 
-def play(script: list[Step], takeovers: frozenset[int] = frozenset(), interval: int = 3, limit: int = 10_000) -> Run:
-    """`limit`: the engine's marker_log_limit (a small one leaves subscriptions behind to be rebuilt)."""
+def play(
+    script: list[Step],
+    takeovers: frozenset[int] = frozenset(),
+    interval: int = 3,
+    limit: int = 10_000,
+    after_each: Callable[[World], None] | None = None,
+) -> Run:
+    """`limit`: the engine's marker_log_limit (a small one leaves subscriptions behind to be rebuilt); `after_each`
+    looks at the world after every step."""
     config = EngineConfig(snapshot_interval_messages=interval, snapshot_interval_s=5.0, marker_log_limit=limit)
     world = World(config=config)
     run = Run(world, [])
@@ -102,6 +111,8 @@ def play(script: list[Step], takeovers: frozenset[int] = frozenset(), interval: 
             world.tick(float(step[1]))
         elif kind == "takeover":
             world.own(world.engine())
+        if after_each is not None:
+            after_each(world)
     return run
 
 
@@ -169,6 +180,37 @@ def test_taking_over_at_any_point_then_continuing_equals_an_uninterrupted_run(
     states = [p.head for p in heads if isinstance(p, Following)]
     if len(states) == 2:
         assert (states[0].watermark, states[0].producers) == (states[1].watermark, states[1].producers)
+
+
+def same_state(state: WatermarkState, truth: WatermarkState) -> bool:
+    return (state.watermark, state.clock, dict(state.producers), dict(state.pending_txns)) == (
+        truth.watermark, truth.clock, dict(truth.producers), dict(truth.pending_txns)
+    )  # fmt: skip
+
+
+def check_every_state_is_the_fold(world: World) -> None:
+    """The head, the marker log's base and every subscription hold the fold of the log up to where they stand."""
+    engine = world.delivery.engine if world.delivery else None
+    if engine is None or not isinstance(engine.phase, Following):
+        return
+    f = engine.phase
+    assert same_state(f.head, world.truth(f.log.head_position))
+    assert same_state(f.log.base, world.truth(f.log.base_position))
+    for tracker in f.trackers.values():
+        if not tracker.rebuilding:
+            assert same_state(tracker.state, world.truth(tracker.applied_to)), tracker.name
+
+
+@RELAXED
+@given(st.lists(steps, max_size=60), st.frozensets(st.integers(0, 40), max_size=2), st.sampled_from((10_000, 2)))
+def test_every_subscription_and_the_logs_base_hold_the_fold_of_the_log_up_to_where_they_stand(
+    script: list[Step], takeovers: frozenset[int], limit: int
+) -> None:
+    """A subscription that reaches the head takes the head's state, and a trim takes a subscription's state, instead
+    of folding the same markers again: sound only while every state is the whole fold up to its position."""
+    run = play(script, takeovers, limit=limit, after_each=check_every_state_is_the_fold)
+    run.world.settle()
+    check_every_state_is_the_fold(run.world)
 
 
 @RELAXED
