@@ -20,6 +20,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Literal
 
+import _pulsar
 import pulsar
 
 from broker_ext.engine.vocabulary import PublishTable
@@ -315,8 +316,11 @@ class WatermarkDispatcher:
         def sent(result: pulsar.Result, _msg_id: pulsar.MessageId) -> None:  # on a client thread
             post(lambda: done(result))
 
+        # Built on the client's binding, as `pulsar.Producer.send_async` does, without its per-argument checks:
+        # every acknowledged W_SET sends one (docs/DECISIONS.md, session 22).
+        message = _pulsar.MessageBuilder().content(payload).partition_key(key).property(EVENT_PROPERTY, event).build()
         try:
-            companion.producer.send_async(payload, sent, partition_key=key, properties={EVENT_PROPERTY: event})
+            companion.producer._producer.send_async(message, sent)
         except pulsar.PulsarException as exc:
             failure = exc
             post(lambda: done(failure))
