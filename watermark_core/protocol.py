@@ -255,7 +255,7 @@ class WatermarkEvent:
 
 
 def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return type(value) is int  # not a bool (nor another subclass): msgpack and the engine give plain ints
 
 
 def _event_body(event: WatermarkEvent) -> dict[str, Any]:
