@@ -5,13 +5,16 @@ from __future__ import annotations
 import contextlib
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, start_http_server
 
 
 class GeneratorMetrics:
     """All metrics in one registry of their own, so tests can start several generators in one process."""
 
     def __init__(self) -> None:
+        # No `_created` series beside each counter (Pulsar's own metrics have none): a third of the per-topic
+        # series, and of a scrape's CPU (1.3 -> 0.9 s at 5000 topics; docs/OPERATIONS.md).
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # (the library has no annotation for it)
         self.registry = CollectorRegistry()
         self._children: dict[tuple[str, int, str], tuple[Gauge, Gauge, Counter]] = {}
         """Per subscription, its children of the three series `record_watermark` sets."""

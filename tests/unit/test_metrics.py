@@ -17,3 +17,13 @@ def test_a_watermark_recorded_again_after_it_was_forgotten_shows_again() -> None
         metrics.record_watermark(LABELS["topic"], 0, "s", 2_000)
         assert metrics.registry.get_sample_value("wm_watermark_ms", LABELS) == 2_000
         assert metrics.registry.get_sample_value("wm_watermark_age_seconds", LABELS) is not None
+
+
+def test_counters_have_no_created_series_so_a_scrape_of_thousands_of_topics_stays_small() -> None:
+    """A scrape's cost grows with the series per followed partition; `_created` ones would add a third."""
+    metrics = GeneratorMetrics()
+    metrics.record_watermark(LABELS["topic"], 0, "s", 1_000)
+    metrics.markers_applied.labels(LABELS["topic"], "0").inc()
+    names = {sample.name for family in metrics.registry.collect() for sample in family.samples}
+    assert "wm_watermarks_published_total" in names and "wm_markers_applied_total" in names
+    assert not [name for name in names if name.endswith("_created")], names
