@@ -28,9 +28,13 @@ BATCH = 1_000
 class EventLoop:
     """A queue of callables and a heap of timers, served by one thread."""
 
-    def __init__(self, name: str = "wm-loop") -> None:
+    def __init__(self, name: str = "wm-loop", max_waiting: int = MAX_WAITING_MESSAGES) -> None:
         self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._slots = threading.Semaphore(MAX_WAITING_MESSAGES)
+        self._slots: queue.SimpleQueue[None] = queue.SimpleQueue()
+        """One token per message that may wait: a queue in C, where `threading.Semaphore` is Python code run twice
+        for every message."""
+        for _ in range(max_waiting):
+            self._slots.put(None)
         self._timers: list[tuple[float, int, Hashable]] = []
         self._due: dict[Hashable, tuple[float, int, Callable[[], None]]] = {}
         self._order = itertools.count()
@@ -59,15 +63,19 @@ class EventLoop:
 
     def post_message(self, work: Callable[[], None]) -> None:
         """Like `post`, for a delivered message: waits while `MAX_WAITING_MESSAGES` are not handled yet."""
-        while not self._slots.acquire(timeout=1.0):
-            if self._stopping.is_set():
-                return
+        while True:
+            try:
+                self._slots.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if self._stopping.is_set():
+                    return
 
         def handled() -> None:
             try:
                 work()
             finally:
-                self._slots.release()
+                self._slots.put(None)
 
         self._queue.put(handled)
 
