@@ -62,7 +62,7 @@ class EventLoop:
         self._queue.put(work)
 
     def post_message(self, work: Callable[[], None]) -> None:
-        """Like `post`, for a delivered message: waits while `MAX_WAITING_MESSAGES` are not handled yet."""
+        """Like `post`, for a delivered message: waits while `max_waiting` messages are not handled yet."""
         while True:
             try:
                 self._slots.get(timeout=1.0)

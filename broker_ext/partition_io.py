@@ -134,8 +134,7 @@ class PartitionIO:
         self._delivered = False
         """Our consumer has delivered an entry (the read-ahead is over)."""
         self._malformed_logged: set[str] = set()
-        labels = (self.base_topic, str(self.partition))
-        self._labels = labels
+        self._labels = labels = (self.base_topic, str(self.partition))
         self._markers_applied = ctx.metrics.markers_applied.labels(*labels)
         self._read_lag = ctx.metrics.read_lag.labels(*labels)
         ctx.metrics.partitions.labels("false").inc()
@@ -383,7 +382,7 @@ class PartitionIO:
     def _read(self, read: Callable[[], Event]) -> None:
         def work() -> None:
             result = read()
-            labels = (self.base_topic, str(self.partition))
+            labels = self._labels
             if isinstance(result, RangeRead):
                 self.ctx.metrics.rebuild_reads.labels(*labels, "range").inc()
                 self.ctx.metrics.rebuild_entries_read.labels(*labels).inc(result.entries)
@@ -467,9 +466,8 @@ class PartitionIO:
             loop.post(lambda: self.handle(SnapshotFailed(str(failure))))
 
     def _written(self, where: Position) -> None:
-        labels = (self.base_topic, str(self.partition))
-        self.ctx.metrics.snapshots_written.labels(*labels).inc()
-        self.ctx.metrics.last_snapshot.labels(*labels).set(time.time())
+        self.ctx.metrics.snapshots_written.labels(*self._labels).inc()
+        self.ctx.metrics.last_snapshot.labels(*self._labels).set(time.time())
         self.handle(SnapshotWritten(where))
 
     # -- closing ----------------------------------------------------------------------------------------
