@@ -666,8 +666,8 @@ class PartitionEngine:
             keep.append(self._rebuild.stop)  # its fold goes on from the marker log there
         up_to = min(keep)
         # the state there when the head or a subscription has it already: the trim folds nothing
-        ready = (t.state for t in f.trackers.values() if not t.rebuilding and t.applied_to == up_to)
-        known = f.head if up_to == at else next(ready, None)
+        standing_there = (t.state for t in f.trackers.values() if not t.rebuilding and t.applied_to == up_to)
+        known = f.head if up_to == at else next(standing_there, None)
         f.log.trim(up_to, known)
 
     def _next_write(self, f: Following, now: float, out: list[Command]) -> None:
