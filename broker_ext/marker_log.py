@@ -89,6 +89,12 @@ class MarkerLog:
         self.base_position = up_to
 
 
+def roster(state: WatermarkState) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+    """Who holds the watermark, as a table shows it beside the watermark: the active producers (not their
+    assertions, which move with every W_SET), the idle ones, and the number of open transactions."""
+    return tuple(state.active_producers()), tuple(state.idle_producers()), len(state.pending_txns)
+
+
 @dataclass
 class SubscriptionTracker:
     """One subscription's secondary cursor: its state folded up to `applied_to` <= its mark-delete."""
@@ -98,12 +104,25 @@ class SubscriptionTracker:
     applied_to: Position
     mark_delete: Position
     published: int | None = None
+    published_state: WatermarkState | None = None
+    """The state the last table was made from; `roster` tells whether what it shows beside the watermark changed."""
     announced: bool = False
     """Whether a table holding this subscription was published since it appeared or moved back."""
     rebuilding: bool = False
     """Its state is being rebuilt from the log (the marker log does not reach back to its position)."""
     last_event: WatermarkEvent | None = None
     """The event last published for it: tables repeat it while it is not ready, so each names it."""
+
+    def unpublished(self) -> bool:
+        """Whether a table would show something new for it: it is new or moved back, its watermark changed, or who
+        holds the watermark did (`roster`: a producer went idle or came, a transaction opened or closed)."""
+        if not self.announced or self.published != self.state.watermark:
+            return True
+        last = self.published_state
+        return self.state is not last and (last is None or roster(self.state) != roster(last))
+
+    def mark_published(self) -> None:
+        self.announced, self.published, self.published_state = True, self.state.watermark, self.state
 
     def advance(self, log: MarkerLog, head: WatermarkState) -> None:
         """Fold forward toward the mark-delete position, never past what the log has read; `head` is the state at

@@ -571,7 +571,7 @@ class PartitionEngine:
         self._publish(f, now, out)
 
     def _publish(self, f: Following, now: float, out: list[Command]) -> None:
-        """Publish the table if a ready subscription's watermark is not the one last published.
+        """Publish the table if a ready subscription's watermark, or who holds it, is not the one last published.
 
         Ready: folded to its mark-delete position (or the head is the partition's last entry). A
         subscription without a watermark is published too (event_time None) where the partition has
@@ -590,12 +590,12 @@ class PartitionEngine:
             and (t.applied_to[:2] >= t.mark_delete[:2] or f.read_to_tail)
             and (t.state.watermark is not None or had_watermark)
         ]  # fmt: skip
-        changed = tuple(t.name for t in ready if not t.announced or t.published != t.state.watermark)
+        changed = tuple(t.name for t in ready if t.unpublished())
         if not changed:
             return
         self._seq = max(self._seq + 1, int(now * 1_000_000))
         for t in ready:
-            t.announced, t.published = True, t.state.watermark
+            t.mark_published()
             t.last_event = WatermarkEvent(
                 topic=self.base_topic,
                 partition=self.partition,

@@ -437,6 +437,44 @@ def test_a_seek_to_the_same_watermark_is_published_again() -> None:
     assert world.latest("sub").position == back[:2] and world.latest("sub").event_time == 100  # type: ignore[union-attr]
 
 
+def test_a_producer_going_idle_is_published_even_when_the_watermark_stays() -> None:
+    """`broker-ext status` and an attaching consumer read the latest table: it must name the idle producer (a CI
+    flake of test_auth: the W_IDLE was acknowledged after the table for the W_SET before it, and never published)."""
+    world = World()
+    first_owner(world)
+    world.w_set("A", 100)
+    world.w_set("B", 200)
+    ack_all(world, "sub")
+    world.settle()
+    published = len(world.tables)
+    world.w_idle("B")
+    ack_all(world, "sub")
+    world.settle()
+    assert len(world.tables) == published + 1
+    event = world.latest("sub")
+    assert event is not None and (event.event_time, event.idle, dict(event.active)) == (100, ("B",), {"A": 100})
+
+
+def test_a_new_producer_above_the_watermark_is_published_but_a_higher_assertion_alone_is_not() -> None:
+    """The table follows who holds the watermark (active and idle producers, open transactions), not every
+    assertion: one table per W_SET that changes no watermark would double the tables of a burst."""
+    world = World()
+    first_owner(world)
+    world.w_set("A", 100)
+    ack_all(world, "sub")
+    world.settle()
+    world.w_set("B", 300)
+    ack_all(world, "sub")
+    world.settle()
+    event = world.latest("sub")
+    assert event is not None and dict(event.active) == {"A": 100, "B": 300}
+    published = len(world.tables)
+    world.w_set("B", 400)
+    ack_all(world, "sub")
+    world.settle()
+    assert len(world.tables) == published
+
+
 def test_a_new_subscription_is_followed_and_a_removed_one_forgotten() -> None:
     world = World()
     engine = first_owner(world)
