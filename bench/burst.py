@@ -17,6 +17,8 @@ import math
 import os
 import random
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +30,7 @@ import pulsar
 from bench.common import broker_cpu_seconds, metric_samples, process_cpu_seconds, say
 from bench.generator import FAST_ENV, Generator, _new_namespace
 from bench.generator_scale import _Latencies
+from bench.plain_floor import TABLE, table_topic
 from consumer.watermark_feed import WatermarkFeed
 from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
@@ -204,10 +207,11 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
         gen_share = (gen.cpu_seconds() - gen_cpu) / BURST_MEASURE_S
         wsets_with = sent[0] - wsets
         calls = {call: count - calls_before[call] for call, count in _calls(gen).items() if count > calls_before[call]}
+        gen.kill()
+        floor = _plain_floor(settings, client, broker, namespace, topics, sent) if cursor_source == "auto" else None
         stop.set()
         ticker.join()
         time.sleep(2)
-        gen.kill()
         per_call = {kind: _broker_ms_per_call(admin, broker, acking.names, kind) for kind in ("internalStats", "stats")}
     finally:
         stop.set()
@@ -248,7 +252,53 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
         "watermark_latency_burst_p50_ms_how": f"the same run: from each consumer's acknowledge() of a W_SET to that "
         f"value at its WatermarkFeed, W_SETs acknowledged while measuring; {samples} samples",
     }
+    if floor is not None:
+        floor_cpu, floor_broker, floor_wsets = floor
+        floor_rate = floor_wsets / BURST_MEASURE_S
+        plain_ms = floor_cpu * 1000 / floor_rate
+        figures |= {
+            "plain_client_cpu_ms_per_wset_burst": round(plain_ms, 3),
+            "broker_extra_cpu_ms_per_wset_burst_plain_client": round((floor_broker - without) * 1000 / floor_rate, 3),
+            "generator_over_plain_client_cpu_burst": round(gen_share * 1000 / rate / plain_ms, 2),
+            "plain_client_cpu_ms_per_wset_burst_how": f"the same run, after the generator was stopped, the same "
+            f"W_SETs: a process doing only the messaging a generator cannot avoid per W_SET (bench/plain_floor.py: a "
+            f"Failover subscription of its own on each topic with a message listener that acknowledges cumulatively "
+            f"and sends one {len(TABLE)}-byte message with send_async, no batching, to a topic a reader follows), its "
+            f"CPU over {BURST_MEASURE_S:.0f} s after {BURST_WARMUP_S:.0f} s of warm-up, per W_SET; "
+            f"broker_extra_cpu_ms_per_wset_burst_plain_client is the broker's CPU over the same window less its CPU "
+            f"without a generator, per W_SET; generator_over_plain_client_cpu_burst is the generator's figure over "
+            f"this one",
+        }
     return suffixed(figures, cursor_source)
+
+
+def _plain_floor(settings: PulsarSettings, client: pulsar.Client, broker: int, namespace: str, topics: int,
+                 sent: list[int]) -> tuple[float, float, int]:  # fmt: skip
+    """bench/plain_floor.py on the burst's topics while the W_SETs go on: its CPU and the broker's (shares of a
+    core) and the W_SETs sent meanwhile; a reader follows each of its table topics, as each feed follows a
+    companion topic."""
+    readers = [client.create_reader(table_topic(namespace, "burst", i), pulsar.MessageId.latest,
+                                    reader_listener=lambda _reader, _message: None) for i in range(topics)]  # fmt: skip
+    env = {**os.environ, "PULSAR_SERVICE_URL": settings.service_url, "PULSAR_ADMIN_URL": settings.admin_url}
+    floor = subprocess.Popen([sys.executable, "-m", "bench.plain_floor", namespace, "burst", str(topics)], env=env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert floor.stdout is not None
+        if floor.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"bench.plain_floor did not start (exit code {floor.wait()})")
+        time.sleep(BURST_WARMUP_S)
+        broker_cpu, own_cpu, wsets = broker_cpu_seconds(broker), process_cpu_seconds(floor.pid), sent[0]
+        time.sleep(BURST_MEASURE_S)
+        own_cpu = process_cpu_seconds(floor.pid) - own_cpu
+        broker_cpu = broker_cpu_seconds(broker) - broker_cpu
+        say(f"  the plain client alone: {own_cpu / BURST_MEASURE_S:.3f} of a core, broker "
+            f"{broker_cpu / BURST_MEASURE_S:.3f}, over {sent[0] - wsets} W_SETs")  # fmt: skip
+        return own_cpu / BURST_MEASURE_S, broker_cpu / BURST_MEASURE_S, sent[0] - wsets
+    finally:
+        floor.kill()
+        floor.wait()
+        for reader in readers:
+            reader.close()
 
 
 def _broker_ms_per_call(admin: PulsarAdmin, broker: int, topics: list[str], kind: str, calls: int = 600) -> float:

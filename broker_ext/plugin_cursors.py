@@ -19,7 +19,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -79,7 +79,10 @@ class PluginCursors:
     def __init__(
         self, loop: EventLoop, admin: PulsarAdmin, poller: CursorPoller, pool: Executor,
         count: Callable[[str], None] = lambda call: None, fresh: Callable[[list[str]], None] = lambda topics: None,
+        namespaces: Sequence[str] = (),
     ) -> None:  # fmt: skip
+        self.namespaces = tuple(namespaces)
+        """Those followed: each plugin tells of their topics only (none: every topic it serves)."""
         self.fresh = fresh
         """Called with topics where a producer or consumer appeared and no generator follows yet (the service
         looks at its topic list at once, instead of at its next discovery)."""
@@ -233,7 +236,7 @@ class PluginCursors:
         retry_s, failing_since = 0.0, None
         while not self._stopping.is_set():
             try:
-                answer = self.admin.plugin_changes(broker, epoch, seq, 0 if seq < 0 else LONG_POLL_MS)
+                answer = self.admin.plugin_changes(broker, epoch, seq, 0 if seq < 0 else LONG_POLL_MS, self.namespaces)
             except PluginMissing as exc:
                 self.loop.post(functools.partial(self._plugin_missing, broker, str(exc)))
                 return

@@ -85,7 +85,7 @@ class GeneratorService:
         if config.cursor_source == "auto":
             self.cursors = PluginCursors(self.loop, self.admin, self.poller, self.admin_pool,
                                          count=lambda call: self.metrics.admin_calls.labels(call).inc(),
-                                         fresh=self._fresh_topics)  # fmt: skip
+                                         fresh=self._fresh_topics, namespaces=self._namespaces())  # fmt: skip
         else:
             log.info("reading cursor positions through the admin API (--cursor-source admin): one internal-stats "
                      "call per topic and acknowledgement (docs/OPERATIONS.md)")  # fmt: skip
@@ -201,6 +201,11 @@ class GeneratorService:
                 self._stop.wait(MIN_DISCOVERY_GAP_S)  # new topics come in bursts: one look serves them all
             self._discover_now.clear()
         self.close()
+
+    def _namespaces(self) -> list[str]:
+        """Every namespace with something we follow: the plugins tell us of their topics only."""
+        of_topics = {TopicName.parse(full_name(t)).tenant_namespace for t in self.config.topics}
+        return sorted(set(self.config.namespaces) | of_topics)
 
     def _fresh_topics(self, topics: list[str]) -> None:
         """A broker's plugin saw a producer or consumer on topics no generator follows (on the loop): follow those

@@ -496,13 +496,16 @@ class PulsarAdmin:
         origins = {self._owners.get(_topic_key(TopicName.parse(topic).rest_path), self.base_url) for topic in topics}
         return [self.broker_metrics(origin) for origin in sorted(origins or {self.base_url})]
 
-    def plugin_changes(self, broker: str, epoch: str, since: int, timeout_ms: int) -> dict[str, Any]:
+    def plugin_changes(
+        self, broker: str, epoch: str, since: int, timeout_ms: int, namespaces: Iterable[str] = ()
+    ) -> dict[str, Any]:
         """The topics whose cursors moved on `broker` since sequence `since` of its run `epoch`, from its
         watermark-cursors plugin (broker_ext/plugin/; docs/PROTOCOL.md section 10): a long poll that answers at
-        the first move or after `timeout_ms` (keep it below this client's timeout). On this thread's keep-alive
-        connection (a call costs a quarter of one through requests); raises `PluginMissing` where the broker
-        does not serve it."""
-        query = urlencode({"epoch": epoch, "since": str(since), "timeoutMs": str(timeout_ms)})
+        the first move or after `timeout_ms` (keep it below this client's timeout), of the topics in
+        `namespaces` only (none: every topic). On this thread's keep-alive connection (a call costs a quarter of
+        one through requests); raises `PluginMissing` where the broker does not serve it."""
+        query = urlencode({"epoch": epoch, "since": str(since), "timeoutMs": str(timeout_ms),
+                           **({"namespaces": ",".join(namespaces)} if namespaces else {})})  # fmt: skip
         headers = {"Accept": "application/json", **self.settings.admin_headers()}
         try:
             response, body = self._keep_alive_get(broker, f"{PLUGIN_CHANGES_PATH}?{query}", headers)

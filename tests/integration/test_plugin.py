@@ -14,7 +14,7 @@ from bench.common import metric_samples
 from consumer import WatermarkConsumer
 from devtools.local_cluster import free_port
 from producer import WatermarkProducer
-from pulsar_access.admin import PulsarAdmin
+from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.settings import PulsarSettings
 from tests.integration.generator_process import GeneratorProcess
 from tests.integration.helpers import Recorder, wait_until, watermarks
@@ -106,6 +106,31 @@ def test_a_topic_no_generator_follows_costs_nothing_and_is_not_told(
     pulsar_client.subscribe(marker, GENERATOR_SUBSCRIPTION, consumer_type=pulsar.ConsumerType.Failover).close()
     changes.until(lambda: marker in changes.topics, "a followed topic created after")
     assert topic not in changes.topics
+
+
+def test_a_generator_is_told_only_of_the_namespaces_it_follows(
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str
+) -> None:
+    """Several generators share a broker: each long poll names its namespaces, and another's moves neither
+    reach it nor wake it."""
+    other = f"public/other-{uuid.uuid4().hex[:8]}"
+    admin.create_namespace(other)
+    ours, theirs = f"persistent://{namespace}/ours", f"persistent://{other}/theirs"
+    everything = Changes(admin)
+    everything.poll(0)
+    start = everything.seq
+    for topic in (theirs, ours):
+        pulsar_client.subscribe(topic, GENERATOR_SUBSCRIPTION, consumer_type=pulsar.ConsumerType.Failover).close()
+    everything.until(lambda: ours in everything.topics and theirs in everything.topics, "both topics")
+    answer = admin.plugin_changes(admin.base_url, everything.epoch, start, 0, namespaces=[namespace])
+    assert list(answer["topics"]) == [ours]
+    pulsar_client.subscribe(theirs, "app").close()  # a move in the other namespace only
+    everything.until(lambda: "app" in everything.topics[theirs]["cursors"], "the other namespace's new subscription")
+    quiet = admin.plugin_changes(admin.base_url, everything.epoch, int(answer["seq"]), 0, namespaces=[namespace])
+    assert (quiet["full"], quiet["topics"], quiet["gone"], quiet["new"]) == (False, {}, [], [])
+    with pytest.raises(AdminError) as refused:
+        admin.plugin_changes(admin.base_url, everything.epoch, start, 0, namespaces=["not-a-namespace"])
+    assert refused.value.status == 400
 
 
 @pytest.mark.parametrize("source", ["auto", "admin"])

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from broker_ext.config import GeneratorConfig
+from broker_ext.plugin_cursors import PluginCursors
 from broker_ext.service import GeneratorService
 from pulsar_access.settings import PulsarSettings
 
@@ -44,3 +45,16 @@ def test_a_list_asked_for_before_the_announcement_does_not_drop_the_topic_a_late
     assert OURS in service.partitions
     service._sync(set(), time.monotonic())  # asked for after: the topic is gone
     assert OURS not in service.partitions
+
+
+def test_the_plugins_are_asked_for_the_namespaces_of_what_we_follow_only() -> None:
+    config = GeneratorConfig(namespaces=("acme/orders",), topics=("acme/billing/invoices", "clicks"),
+                             metrics_port=0)  # fmt: skip
+    service = GeneratorService(config, PulsarSettings("pulsar://127.0.0.1:1", "http://127.0.0.1:1"))
+    try:
+        assert isinstance(service.cursors, PluginCursors)
+        assert service.cursors.namespaces == ("acme/billing", "acme/orders", "public/default")
+    finally:
+        service.pool.shutdown(wait=False, cancel_futures=True)
+        service.admin_pool.shutdown(wait=False, cancel_futures=True)
+        service.client.close()

@@ -7,6 +7,7 @@ import java.util.Map;
 import java.util.Set;
 import java.util.TreeMap;
 import java.util.UUID;
+import java.util.function.Predicate;
 
 /**
  * Every followed topic's cursors with the sequence number of its last change: what a generator
@@ -144,14 +145,22 @@ public final class CursorReport {
     }
 
     /** What a generator that knew {@code since} of run {@code knownEpoch} has to be told (maybe nothing). */
-    public synchronized Changes since(String knownEpoch, long since) {
+    public Changes since(String knownEpoch, long since) {
+        return since(knownEpoch, since, topic -> true);
+    }
+
+    /** Like {@link #since}, of the topics {@code wanted} only (the namespaces the generator follows). */
+    public synchronized Changes since(String knownEpoch, long since, Predicate<String> wanted) {
         boolean full = !epoch.equals(knownEpoch) || since < forgottenUpTo || since > seq;
         Map<String, TopicCursors> changed = new TreeMap<>();
         List<String> gone = new ArrayList<>();
         topics.forEach((topic, entry) -> {
-            if (entry.cursors != null && (full || entry.version > since)) {
+            if ((!full && entry.version <= since) || !wanted.test(topic)) {
+                return;
+            }
+            if (entry.cursors != null) {
                 changed.put(topic, entry.cursors);
-            } else if (entry.cursors == null && !full && entry.version > since) {
+            } else if (!full) {
                 gone.add(topic);
             }
         });
@@ -159,7 +168,7 @@ public final class CursorReport {
         List<String> announced = new ArrayList<>();
         if (!full) {
             fresh.forEach((topic, version) -> {
-                if (version > since && !changed.containsKey(topic)) {
+                if (version > since && !changed.containsKey(topic) && wanted.test(topic)) {
                     announced.add(topic);
                 }
             });
@@ -168,16 +177,17 @@ public final class CursorReport {
     }
 
     /** Like {@link #since}, but waits up to {@code timeoutMs} for a change (a long poll on a thread of its own). */
-    public synchronized Changes await(String knownEpoch, long since, long timeoutMs) throws InterruptedException {
+    public synchronized Changes await(String knownEpoch, long since, Predicate<String> wanted, long timeoutMs)
+            throws InterruptedException {
         long deadline = System.nanoTime() + timeoutMs * 1_000_000L;
-        Changes changes = since(knownEpoch, since);
+        Changes changes = since(knownEpoch, since, wanted);
         while (changes.isEmpty()) {
             long left = (deadline - System.nanoTime()) / 1_000_000L;
             if (left <= 0) {
                 break;
             }
             wait(left);
-            changes = since(knownEpoch, since);
+            changes = since(knownEpoch, since, wanted);
         }
         return changes;
     }

@@ -7,6 +7,7 @@ import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.function.Consumer;
+import java.util.function.Predicate;
 import javax.servlet.AsyncContext;
 import javax.servlet.AsyncEvent;
 import javax.servlet.AsyncListener;
@@ -46,7 +47,8 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
     private PulsarService pulsar;
     private CursorTracker tracker;
 
-    private record Waiter(AsyncContext context, String epoch, long since, AtomicBoolean done) {}
+    private record Waiter(
+            AsyncContext context, String epoch, long since, Predicate<String> wanted, AtomicBoolean done) {}
 
     @Override
     public void loadConfig(PulsarConfiguration config) {
@@ -121,25 +123,30 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
         String epoch = request.getParameter("epoch") == null ? "" : request.getParameter("epoch");
         long since;
         long timeoutMs;
+        Predicate<String> wanted;
         try {
+            wanted = Namespaces.parse(request.getParameter("namespaces"));
             since = Long.parseLong(request.getParameter("since") == null ? "-1" : request.getParameter("since"));
             timeoutMs = Math.min(MAX_WAIT_MS, Math.max(0, Long.parseLong(
                     request.getParameter("timeoutMs") == null ? "0" : request.getParameter("timeoutMs"))));
         } catch (NumberFormatException e) {
             response.sendError(HttpServletResponse.SC_BAD_REQUEST, "since and timeoutMs must be integers");
             return;
+        } catch (IllegalArgumentException e) {
+            response.sendError(HttpServletResponse.SC_BAD_REQUEST, "namespaces: " + e.getMessage());
+            return;
         }
-        Changes changes = report.since(epoch, since);
+        Changes changes = report.since(epoch, since, wanted);
         if (!changes.isEmpty() || timeoutMs == 0) {
             write(response, changes);
         } else if (request.isAsyncSupported()) {
             AsyncContext context = request.startAsync();
             context.setTimeout(timeoutMs);
-            Waiter waiter = new Waiter(context, epoch, since, new AtomicBoolean());
+            Waiter waiter = new Waiter(context, epoch, since, wanted, new AtomicBoolean());
             context.addListener(new AsyncListener() {
                 @Override
                 public void onTimeout(AsyncEvent event) throws IOException {
-                    answer(waiter, report.since(waiter.epoch(), waiter.since()));
+                    answer(waiter, report.since(waiter.epoch(), waiter.since(), waiter.wanted()));
                 }
 
                 @Override
@@ -158,7 +165,7 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
             wakeWaiters(); // a change between since() and add() must not wait for the next one
         } else {
             try {
-                write(response, report.await(epoch, since, timeoutMs));
+                write(response, report.await(epoch, since, wanted, timeoutMs));
             } catch (InterruptedException e) {
                 Thread.currentThread().interrupt();
                 response.sendError(HttpServletResponse.SC_SERVICE_UNAVAILABLE);
@@ -168,7 +175,7 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
 
     private void wakeWaiters() {
         for (Waiter waiter : waiters) {
-            Changes changes = report.since(waiter.epoch(), waiter.since());
+            Changes changes = report.since(waiter.epoch(), waiter.since(), waiter.wanted());
             if (!changes.isEmpty()) {
                 try {
                     answer(waiter, changes);

@@ -2,11 +2,14 @@ package org.pulsarwatermarks.cursors;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.TreeMap;
+import java.util.function.Predicate;
 import org.junit.jupiter.api.Test;
 
 class CursorReportTest {
@@ -139,7 +142,7 @@ class CursorReportTest {
         });
         writer.start();
         long started = System.nanoTime();
-        Changes changes = report.await("run", 0, 10_000);
+        Changes changes = report.await("run", 0, topic -> true, 10_000);
         writer.join();
         assertEquals(Map.of("a", cursors(7)), changes.topics());
         assertTrue((System.nanoTime() - started) / 1_000_000 < 5_000);
@@ -150,8 +153,41 @@ class CursorReportTest {
     void awaitGivesUpEmptyAfterItsTimeout() throws Exception {
         CursorReport report = new CursorReport("run", 10);
         report.update("a", cursors(1));
-        Changes changes = report.await("run", 1, 20);
+        Changes changes = report.await("run", 1, topic -> true, 20);
         assertTrue(changes.isEmpty());
         assertEquals(1, changes.seq());
+    }
+
+    @Test
+    void aGeneratorIsToldOnlyOfTheNamespacesItFollows() {
+        CursorReport report = new CursorReport("run", 10);
+        Predicate<String> ours = Namespaces.parse("t/ours,t/also");
+        report.update("persistent://t/ours/a", cursors(3));
+        report.update("persistent://t/theirs/b", cursors(4));
+        Changes first = report.since("run", -1, ours);
+        assertEquals(Set.of("persistent://t/ours/a"), first.topics().keySet());
+        assertEquals(2, first.seq()); // the broker's sequence: what the generator asks from next
+        report.update("persistent://t/theirs/b", cursors(9));
+        report.announce("persistent://t/theirs/c");
+        report.remove("persistent://t/theirs/b");
+        assertTrue(report.since("run", first.seq(), ours).isEmpty()); // its long poll is not woken by them
+        assertFalse(report.since("run", first.seq()).isEmpty());
+        report.update("persistent://t/also/d-partition-1", cursors(1));
+        report.announce("persistent://t/ours/e");
+        Changes next = report.since("run", first.seq(), ours);
+        assertEquals(Set.of("persistent://t/also/d-partition-1"), next.topics().keySet());
+        assertEquals(List.of("persistent://t/ours/e"), next.fresh());
+        assertEquals(Set.of("persistent://t/ours/a", "persistent://t/also/d-partition-1"),
+                report.since("other-run", 0, ours).topics().keySet()); // a full answer is filtered too
+    }
+
+    @Test
+    void withoutNamespacesEveryTopicIsWantedAndAMalformedOneIsRefused() {
+        assertTrue(Namespaces.parse(null).test("persistent://x/y/z"));
+        assertTrue(Namespaces.parse("").test("persistent://x/y/z"));
+        assertFalse(Namespaces.parse("x/y").test("persistent://x/yy/z"));
+        assertFalse(Namespaces.parse("x/y").test("non-persistent://x/y/z"));
+        assertThrows(IllegalArgumentException.class, () -> Namespaces.parse("x"));
+        assertThrows(IllegalArgumentException.class, () -> Namespaces.parse("x/y/z"));
     }
 }
