@@ -27,7 +27,15 @@ from urllib.parse import urlsplit
 
 import pulsar
 
-from bench.common import broker_cpu_seconds, metric_samples, process_cpu_seconds, say
+from bench.common import (
+    JIT_QUIET_S,
+    JIT_QUIET_SHARE,
+    broker_cpu_seconds,
+    metric_samples,
+    process_cpu_seconds,
+    say,
+    wait_for_quiet_jit,
+)
 from bench.generator import FAST_ENV, Generator, _new_namespace
 from bench.generator_scale import _Latencies
 from bench.plain_floor import TABLE, table_topic
@@ -189,8 +197,10 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
     ticker = threading.Thread(target=ticks, daemon=True)
     ticker.start()
     gen: Generator | None = None
+    jit_waits: list[float] = []
     try:
         time.sleep(BURST_WARMUP_S)
+        jit_waits.append(wait_for_quiet_jit(broker))
         cpu, wsets = broker_cpu_seconds(broker), sent[0]
         time.sleep(BURST_MEASURE_S)
         without = (broker_cpu_seconds(broker) - cpu) / BURST_MEASURE_S
@@ -199,6 +209,7 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
         gen = Generator(settings, namespace, log_dir, generator_env(cursor_source))
         gen.wait_published(topics, within_s=300)
         time.sleep(BURST_WARMUP_S)
+        jit_waits.append(wait_for_quiet_jit(broker))
         calls_before = _calls(gen)  # scraping the generator's /metrics costs it CPU: before the window starts
         cpu, gen_cpu, wsets = broker_cpu_seconds(broker), gen.cpu_seconds(), sent[0]
         measured_from = time.perf_counter()
@@ -208,7 +219,8 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
         wsets_with = sent[0] - wsets
         calls = {call: count - calls_before[call] for call, count in _calls(gen).items() if count > calls_before[call]}
         gen.kill()
-        floor = _plain_floor(settings, client, broker, namespace, topics, sent) if cursor_source == "auto" else None
+        floor = (_plain_floor(settings, client, broker, namespace, topics, sent, jit_waits) if cursor_source == "auto"
+                 else None)  # fmt: skip
         stop.set()
         ticker.join()
         time.sleep(2)
@@ -244,7 +256,10 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
         "generator_cpu_ms_per_wset_burst_how": f"{topics} non-partitioned topics, one subscription each acknowledging "
         f"every message at once; one W_SET per topic sent together at the start of each second; generator process "
         f"CPU over {BURST_MEASURE_S:.0f} s (after {BURST_WARMUP_S:.0f} s of warm-up past its take-over) over the "
-        f"W_SETs sent meanwhile",
+        f"W_SETs sent meanwhile; each window opened once the broker's JIT compilers had used less than "
+        f"{JIT_QUIET_SHARE} of a core over {JIT_QUIET_S:.0f} s (bench/common.py wait_for_quiet_jit; waited "
+        f"{', '.join(f'{w:.0f}' for w in jit_waits)} s for the windows without a generator, with it, and the plain "
+        f"client's)",
         "broker_extra_cpu_ms_per_wset_burst_how": f"the same run: the standalone broker's process CPU (less its JIT "
         f"compiler threads, bench/common.py broker_cpu_seconds) over "
         f"{BURST_MEASURE_S:.0f} s with the generator minus over {BURST_MEASURE_S:.0f} s of the same load before the "
@@ -260,20 +275,23 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
             "plain_client_cpu_ms_per_wset_burst": round(plain_ms, 3),
             "broker_extra_cpu_ms_per_wset_burst_plain_client": round((floor_broker - without) * 1000 / floor_rate, 3),
             "generator_over_plain_client_cpu_burst": round(gen_share * 1000 / rate / plain_ms, 2),
+            "broker_extra_over_plain_client_burst": round((with_gen - without) / rate
+                                                          / ((floor_broker - without) / floor_rate), 2),  # fmt: skip
             "plain_client_cpu_ms_per_wset_burst_how": f"the same run, after the generator was stopped, the same "
             f"W_SETs: a process doing only the messaging a generator cannot avoid per W_SET (bench/plain_floor.py: a "
             f"Failover subscription of its own on each topic with a message listener that acknowledges cumulatively "
             f"and sends one {len(TABLE)}-byte message with send_async, no batching, to a topic a reader follows), its "
             f"CPU over {BURST_MEASURE_S:.0f} s after {BURST_WARMUP_S:.0f} s of warm-up, per W_SET; "
             f"broker_extra_cpu_ms_per_wset_burst_plain_client is the broker's CPU over the same window less its CPU "
-            f"without a generator, per W_SET; generator_over_plain_client_cpu_burst is the generator's figure over "
-            f"this one",
+            f"without a generator, per W_SET; generator_over_plain_client_cpu_burst and "
+            f"broker_extra_over_plain_client_burst are the generator's figures over these (ratios in one run: they "
+            f"hold on a slower or faster machine, where the figures in ms do not)",
         }
     return suffixed(figures, cursor_source)
 
 
 def _plain_floor(settings: PulsarSettings, client: pulsar.Client, broker: int, namespace: str, topics: int,
-                 sent: list[int]) -> tuple[float, float, int]:  # fmt: skip
+                 sent: list[int], jit_waits: list[float]) -> tuple[float, float, int]:  # fmt: skip
     """bench/plain_floor.py on the burst's topics while the W_SETs go on: its CPU and the broker's (shares of a
     core) and the W_SETs sent meanwhile; a reader follows each of its table topics, as each feed follows a
     companion topic."""
@@ -287,6 +305,7 @@ def _plain_floor(settings: PulsarSettings, client: pulsar.Client, broker: int, n
         if floor.stdout.readline().strip() != b"ready":
             raise RuntimeError(f"bench.plain_floor did not start (exit code {floor.wait()})")
         time.sleep(BURST_WARMUP_S)
+        jit_waits.append(wait_for_quiet_jit(broker))
         broker_cpu, own_cpu, wsets = broker_cpu_seconds(broker), process_cpu_seconds(floor.pid), sent[0]
         time.sleep(BURST_MEASURE_S)
         own_cpu = process_cpu_seconds(floor.pid) - own_cpu

@@ -150,20 +150,43 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def broker_cpu_seconds(pid: int) -> float:
+JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
+JIT_QUIET_SHARE = 0.03
+"""Below this share of a core over `JIT_QUIET_S`, a JVM's compilers are done with the load it runs."""
+JIT_QUIET_S = 10.0
+
+
+def broker_cpu_seconds(pid: int, *, compilers: bool = False) -> float:
     """CPU seconds the broker's JVM `pid` has used, less its JIT compiler threads (from /proc/<pid>/task): a broker
     compiles the code paths a generator starts using for a minute or two (0.04-0.16 of a core in the burst's
-    windows), a one-time warm-up that would otherwise count as the generator's steady cost."""
+    windows), a one-time warm-up that would otherwise count as the generator's steady cost. `compilers`: those
+    threads' CPU only."""
     total = 0.0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            if (task / "comm").read_text().startswith(("C1 CompilerThre", "C2 CompilerThre")):
+            if (task / "comm").read_text().startswith(JIT_THREADS) != compilers:
                 continue
             fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:  # the thread ended meanwhile
             continue
         total += int(fields[11]) + int(fields[12])
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_quiet_jit(pid: int, limit_s: float = 120.0) -> float:
+    """Wait until the broker's JIT compilers are done with the load now running (or `limit_s`); the seconds waited.
+
+    A fresh broker compiles each new code path for a minute or more, at up to 0.8 of a core here: on a 2-core
+    machine that takes CPU from everything measured beside it (the generator, the clients, the latency), which
+    a broker that has run for a while does not. Measuring after it is what a user's broker does all day."""
+    started = time.monotonic()
+    recent = [broker_cpu_seconds(pid, compilers=True)]  # one reading a second, the last JIT_QUIET_S of them
+    while time.monotonic() - started < limit_s:
+        time.sleep(1.0)
+        recent = [*recent[-int(JIT_QUIET_S) :], broker_cpu_seconds(pid, compilers=True)]
+        if len(recent) > JIT_QUIET_S and recent[-1] - recent[0] < JIT_QUIET_SHARE * JIT_QUIET_S:
+            break
+    return time.monotonic() - started
 
 
 def machine_busy_seconds() -> float:
