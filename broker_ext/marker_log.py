@@ -103,9 +103,8 @@ class SubscriptionTracker:
     state: WatermarkState
     applied_to: Position
     mark_delete: Position
-    published: int | None = None
-    published_state: WatermarkState | None = None
-    """The state the last table was made from; `roster` tells whether what it shows beside the watermark changed."""
+    published: WatermarkState | None = None
+    """The state the last table was made from: its watermark, and (`roster`) who held it."""
     announced: bool = False
     """Whether a table holding this subscription was published since it appeared or moved back."""
     rebuilding: bool = False
@@ -116,13 +115,13 @@ class SubscriptionTracker:
     def unpublished(self) -> bool:
         """Whether a table would show something new for it: it is new or moved back, its watermark changed, or who
         holds the watermark did (`roster`: a producer went idle or came, a transaction opened or closed)."""
-        if not self.announced or self.published != self.state.watermark:
+        last = self.published
+        if not self.announced or last is None or last.watermark != self.state.watermark:
             return True
-        last = self.published_state
-        return self.state is not last and (last is None or roster(self.state) != roster(last))
+        return self.state is not last and roster(self.state) != roster(last)
 
     def mark_published(self) -> None:
-        self.announced, self.published, self.published_state = True, self.state.watermark, self.state
+        self.announced, self.published = True, self.state
 
     def advance(self, log: MarkerLog, head: WatermarkState) -> None:
         """Fold forward toward the mark-delete position, never past what the log has read; `head` is the state at
