@@ -456,7 +456,7 @@ class PartitionIO:
             producer.send_async(
                 encode_snapshot(
                     command.state, command.previous, keys=self.ctx.config.snapshot_keys, topic=self.topic,
-                    incarnation=command.incarnation,
+                    incarnation=command.incarnation, created=command.created,
                 ),
                 sent,
                 properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value},

@@ -129,6 +129,9 @@ class Snapshot:
     incarnation: str | None = None
     """The token of the topic's incarnation the state belongs to (watermark_core/incarnation.py); None when
     written by an older generator, or by one that could not claim the topic property."""
+    created: int = 0
+    """When the topic's incarnation the state belongs to was created (ms), as the broker plugin said; 0: unknown
+    (an older generator, or cursors read through the admin API). Tells incarnations apart where no token does."""
 
     @property
     def at(self) -> Position:
@@ -139,15 +142,17 @@ class Snapshot:
 
 def encode_snapshot(
     state: WatermarkState, previous: Position | None = None, *, keys: SnapshotKeys, topic: str,
-    incarnation: str | None = None,
+    incarnation: str | None = None, created: int = 0,
 ) -> bytes:  # fmt: skip
     """The signed W_SNAPSHOT payload for `state` on partition `topic`, naming the partition's previous snapshot and
-    the incarnation of the topic it belongs to."""
+    the incarnation of the topic it belongs to (its token, its creation time)."""
     body: dict[str, Any] = {"topic": topic, "state": state_to_dict(state)}
     if previous is not None:
         body["previous"] = list(previous)
     if incarnation is not None:
         body["incarnation"] = incarnation
+    if created:
+        body["created"] = created
     return keys.seal(pack(body))
 
 
@@ -175,7 +180,10 @@ def decode_snapshot(
     incarnation = body.get("incarnation")
     if incarnation is not None and (not isinstance(incarnation, str) or not incarnation):
         raise _bad(f"incarnation must be a non-empty string, got {incarnation!r}")
-    return Snapshot(state, marker.position, _previous_from(body.get("previous")), incarnation)
+    created = body.get("created", 0)
+    if type(created) is not int or created < 0:
+        raise _bad(f"created must be a creation time in ms, got {created!r}")
+    return Snapshot(state, marker.position, _previous_from(body.get("previous")), incarnation, created)
 
 
 def state_to_dict(state: WatermarkState) -> dict[str, Any]:

@@ -191,7 +191,11 @@ class PartitionEngine:
         self._untold: list[tuple[Position, int | None]] = []
         """Head watermarks held back while a claim is open, told once it is answered."""
         self.created = 0
-        """The topic's creation time as the broker plugin said it (0: unknown): another one is a re-created topic."""
+        """The topic's creation time as the broker plugin last said it (0: never): another one is a re-created topic.
+        Kept while answers without one come (the admin API's), so a later report of another one still tells."""
+        self._created_in_last_answer = False
+        """Whether the latest cursors carried a creation time: only then does it stand in for the periodic read of
+        the topic property (an answer through the admin API says nothing of a re-creation)."""
         self.incarnation: str | None = None
         """The token of the topic's incarnation our state belongs to, as the topic property names it (None: the
         property is not set, or not ours to set): on every table, head event and snapshot we write."""
@@ -311,6 +315,7 @@ class PartitionEngine:
             out.append(Restart(reason))
             return
         self.created = polled.created or self.created
+        self._created_in_last_answer = bool(polled.created)
         if isinstance(phase, AwaitingCursor):
             phase.polled = polled
             self._take_over(phase, now, out)
@@ -633,6 +638,12 @@ class PartitionEngine:
                 log.debug("%s: the snapshot at %s is of incarnation %s, not %s: not ours",
                           self.topic, marker.position[:2], snapshot.incarnation, self.incarnation)  # fmt: skip
                 return None
+            if snapshot.created and self.created and snapshot.created != self.created:
+                # computed under another creation of the topic: an engine that followed the old topic into the new
+                # one's first ledger before it heard of the re-creation wrote it there (no token tells them apart)
+                log.info("%s: the snapshot at %s was computed for the topic created at %d, not at %d: not ours",
+                         self.topic, marker.position[:2], snapshot.created, self.created)  # fmt: skip
+                return None
             return snapshot
         except MalformedMarker as exc:  # e.g. written by an incompatible version: never fatal, just not used
             out.append(UnusableSnapshot(marker.position, exc.reason))
@@ -676,8 +687,8 @@ class PartitionEngine:
             return
         self._writing = f.snapshots_due[0]
         state, periodic = self._writing
-        out.append(WriteSnapshot(state, self.catalog.previous_for_next(), periodic, self.incarnation))
-        if periodic and self.incarnation is not None and not self.created:
+        out.append(WriteSnapshot(state, self.catalog.previous_for_next(), periodic, self.incarnation, self.created))
+        if periodic and self.incarnation is not None and not self._created_in_last_answer:
             # now and then: is the topic still the one we follow? (a creation time, when the plugin gives one,
             # tells that at every poll without an admin call per topic)
             out.append(ReadIncarnation())

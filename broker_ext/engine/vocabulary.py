@@ -154,6 +154,8 @@ class WriteSnapshot:
     periodic: bool
     incarnation: str | None = None
     """The token the snapshot carries (watermark_core/incarnation.py)."""
+    created: int = 0
+    """The topic's creation time the state was computed under (0: unknown), carried by the snapshot."""
 
 
 @dataclass(frozen=True)

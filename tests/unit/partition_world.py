@@ -122,9 +122,16 @@ class World:
         return self._append(producer=producer, event_time=event_time)
 
     def snapshot_record(
-        self, state: WatermarkState, previous: Position | None, producer: str, incarnation: str | None = None
+        self,
+        state: WatermarkState,
+        previous: Position | None,
+        producer: str,
+        incarnation: str | None = None,
+        created: int = 0,
     ) -> Position:
-        payload = encode_snapshot(state, previous, keys=self.config.snapshot_keys, topic=TOPIC, incarnation=incarnation)
+        payload = encode_snapshot(
+            state, previous, keys=self.config.snapshot_keys, topic=TOPIC, incarnation=incarnation, created=created
+        )
         return self._append(marker=(MarkerKind.W_SNAPSHOT, producer, payload))
 
     def recreate(self) -> None:
@@ -219,7 +226,9 @@ class World:
             answer = self.polled()
         elif isinstance(command, WriteSnapshot):
             answer = SnapshotWritten(
-                self.snapshot_record(command.state, command.previous, "__wm_generator-world", command.incarnation)
+                self.snapshot_record(
+                    command.state, command.previous, "__wm_generator-world", command.incarnation, command.created
+                )
             )
         elif isinstance(command, AcknowledgeUpTo):
             self.generator_cursor = command.position[:2]

@@ -807,6 +807,71 @@ def test_a_recreated_topic_without_a_token_is_noticed_by_its_creation_time_and_f
     assert [h.watermark for h in world.head_watermarks] == [1_000]
 
 
+def test_a_recreated_topic_whose_first_entry_comes_before_the_creation_time_restores_none_of_the_old_state() -> None:
+    """Issue 46 (1): the old engine's consumer is handed the new topic's first entry before the plugin's report with
+    the new creation time. Entering that higher ledger, it wrote a ledger-start snapshot of the old state (no token:
+    least privileges) into the new topic; the engine started anew after the report restored from it (10 h)."""
+    world = World(may_claim=False, created=1_700_000_000_000)
+    world.w_set("old", 10 * 3_600_000)
+    ack_all(world, "s")
+    stale = first_owner(world)
+    world.recreate()
+    world.w_set("new", 1_000)
+    for _ in range(5):
+        world.data("new", 1_000)
+    world.deliver()  # the entries come straight from the broker, before the plugin's report
+    world.poll()  # the report with the new creation time
+    assert world.restarts and isinstance(stale.phase, Unowned)
+    fresh = world.engine()
+    world.own(fresh)
+    world.commands.clear()
+    world.head_watermarks.clear()
+    world.tables.clear()
+    ack_all(world, "s")
+    world.settle()
+    assert [h.watermark for h in world.head_watermarks] == [1_000]
+    assert {e.event_time for _, e in world.tables} == {1_000}
+
+
+def test_a_recreation_is_noticed_after_the_topic_fell_back_to_admin_reads() -> None:
+    """Issue 46 (2): the creation time counts per answer. The engine saw one from the plugin, then the topic's
+    cursors came from the admin API (no creation time: a broker without the plugin, a plugin answering 401); the
+    topic was re-created. The periodic property read must come back, or the new topic never gets a watermark."""
+    world = World(config=EngineConfig(snapshot_interval_messages=3), created=1_700_000_000_000)
+    world.w_set("old", 10 * 3_600_000)
+    ack_all(world, "s")
+    stale = first_owner(world)
+    assert stale.incarnation is not None and stale.created
+    world.created = 0  # the admin API's answers say nothing of it
+    world.poll()
+    world.recreate()
+    world.w_set("new", 1_000)
+    for _ in range(5):
+        world.data("new", 1_000)
+    world.settle()
+    assert world.restarts and isinstance(stale.phase, Unowned)
+    fresh = world.engine()
+    world.own(fresh)
+    world.head_watermarks.clear()
+    ack_all(world, "s")
+    world.settle()
+    assert [h.watermark for h in world.head_watermarks] == [1_000]
+    assert world.latest("s") is not None and world.latest("s").event_time == 1_000  # type: ignore[union-attr]
+
+
+def test_a_snapshot_stamped_with_another_creation_time_is_not_restored_from() -> None:
+    """A snapshot carries the creation time of the incarnation it was computed under: a take-over never restores
+    from one of another incarnation, even without a token (least privileges), and folds the log instead."""
+    world = World(may_claim=False, created=1_700_000_000_000)
+    world.w_set("A", 100)
+    other = WatermarkState.initial().advanced_to(world.history[-1].position)  # no producer: no watermark
+    world.snapshot_record(other, None, "__wm_generator-world", created=1_699_999_999_000)
+    ack_all(world, "s")
+    engine = first_owner(world)
+    assert engine.head is not None and engine.head.watermark == 100
+    assert world.latest("s") is not None and world.latest("s").event_time == 100  # type: ignore[union-attr]
+
+
 def test_with_the_creation_time_known_a_periodic_snapshot_reads_no_topic_property() -> None:
     """The plugin's creation time tells a re-created topic (above), so the property is not read again at every
     periodic snapshot: that was one admin call per topic every snapshot interval, the broker's CPU in steady state.

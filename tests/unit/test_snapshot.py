@@ -5,7 +5,14 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from watermark_core.protocol import MARKER_PROPERTY, SNAPSHOT_PRODUCER_PREFIX, MalformedMarker, Marker, decode_marker
+from watermark_core.protocol import (
+    MARKER_PROPERTY,
+    SNAPSHOT_PRODUCER_PREFIX,
+    MalformedMarker,
+    Marker,
+    decode_marker,
+    pack,
+)
 from watermark_core.snapshot import (
     BAD_SIGNATURE,
     Snapshot,
@@ -160,3 +167,13 @@ def test_a_snapshot_names_the_incarnation_of_its_topic_and_one_of_before_names_n
     payload = encode_snapshot(state, keys=KEYS, topic=TOPIC, incarnation="0123abcd")
     assert decode(snapshot_marker(payload, at=(1, 5, -1))).incarnation == "0123abcd"
     assert decode(snapshot_marker(encode(state), at=(1, 5, -1))).incarnation is None  # older generators' snapshots
+
+
+def test_a_snapshot_names_the_creation_time_of_its_topic_and_one_of_before_names_none() -> None:
+    state = a_state()
+    payload = encode_snapshot(state, keys=KEYS, topic=TOPIC, created=1_700_000_000_000)
+    assert decode(snapshot_marker(payload, at=(1, 5, -1))).created == 1_700_000_000_000
+    assert decode(snapshot_marker(encode(state), at=(1, 5, -1))).created == 0  # unknown
+    signed = pack({"topic": TOPIC, "state": state_to_dict(state), "created": "yesterday"})
+    with pytest.raises(MalformedMarker, match="created must be a creation time"):
+        decode(snapshot_marker(KEYS.seal(signed), at=(1, 5, -1)))
