@@ -45,6 +45,9 @@ LOOKUP_EVERY_S = 30.0
 """A topic no plugin reports is looked up (who serves it) at most this often."""
 ABSENT_RETRY_S = 300.0
 """A broker that answered without the plugin is asked again this much later (it may be restarted with it)."""
+GIVE_UP_AFTER_S = 120.0
+"""A broker found by a lookup (not one of `--admin-url`'s) that has not answered for this long is polled no more
+(removed from the cluster, or its address changed): its thread ends, and a later lookup naming it polls it again."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class PluginCursors:
 
     def remove(self, partition: Followed) -> None:
         self._followed.pop(partition.topic, None)
+        self._looked_up.pop(partition.topic, None)
         self.poller.remove(partition)
 
     def owned(self, partition: Followed) -> None:
@@ -132,13 +136,23 @@ class PluginCursors:
             self.poller.after(partition, marker_read)
 
     def request(self, partition: Followed) -> None:
-        pushed = self._pushed.get(partition.topic)
-        if pushed is None:
+        if partition.topic not in self._pushed:
             self.poller.request(partition)
             return
-        self.loop.post(lambda: self._deliver(partition, pushed) if not partition.closed else None)
+        self.loop.post(lambda: self._deliver_latest(partition))
 
     # -- answers (loop thread) ------------------------------------------------------------------------------
+
+    def _deliver_latest(self, partition: Followed) -> None:
+        """What a plugin said last when this runs, not when it was asked for: an answer queued in between is newer,
+        and handing the older copy after it would move subscriptions back (the plugin pushes only real moves)."""
+        if partition.closed:
+            return
+        pushed = self._pushed.get(partition.topic)
+        if pushed is None:
+            self.poller.request(partition)  # no plugin reports it since the request: the admin API answers
+        else:
+            self._deliver(partition, pushed)
 
     def _deliver(self, partition: Followed, pushed: Pushed) -> None:
         if pushed.owner is not None and pushed.owner != partition.consumer_name and partition.owner:
@@ -190,6 +204,10 @@ class PluginCursors:
 
     def _lost_broker(self, broker: str) -> None:
         self._forget(broker, [t for t, p in self._pushed.items() if p.broker == broker])
+
+    def _broker_gone(self, broker: str) -> None:
+        self._brokers.pop(broker, None)
+        self._lost_broker(broker)
 
     def _plugin_missing(self, broker: str, reason: str) -> None:
         first = not self._absent
@@ -245,6 +263,11 @@ class PluginCursors:
                 if failing_since is None:
                     failing_since = now
                     log.warning("the plugin of the broker at %s does not answer (%s); retrying", broker, exc)
+                elif now - failing_since > GIVE_UP_AFTER_S and broker not in self.admin.admin_bases:
+                    log.warning("the plugin of the broker at %s has not answered for %.0f s: no longer polling "
+                                "it (a lookup that names it polls it again)", broker, now - failing_since)  # fmt: skip
+                    self.loop.post(lambda: self._broker_gone(broker))
+                    return
                 elif now - failing_since > LOST_AFTER_S and epoch:
                     self.loop.post(lambda: self._lost_broker(broker))
                     epoch, seq = "", -1  # its topics are followed again from a full answer

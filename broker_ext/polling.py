@@ -376,6 +376,8 @@ class CursorPoller:
     def request(self, partition: Followed) -> None:
         """Read the partition's cursors as soon as possible (batched with others of its topic)."""
         state = partition.poll
+        if state.pushed:
+            return  # a plugin reports it (a fast poll armed before it did): its moves come pushed
         if state.in_flight:
             state.again = True
             return
@@ -399,7 +401,7 @@ class CursorPoller:
         wanted, self._wanted = self._wanted, {}
         by_topic: dict[str, list[Followed]] = collections.defaultdict(list)
         for partition in wanted.values():
-            if partition.closed:
+            if partition.closed or partition.poll.pushed:
                 continue
             partition.poll.in_flight = True
             by_topic[partition.base_topic].append(partition)
@@ -458,6 +460,9 @@ class CursorPoller:
             state.in_flight = False
             answer = answers.get(partition.topic)
             if partition.closed:
+                continue
+            if state.pushed:  # read before a plugin took the partition over: older than what it pushed since
+                state.again = False
                 continue
             if answer is None:  # left out of a partitioned answer: ask again later
                 self._retry(partition)

@@ -159,3 +159,70 @@ def test_topics_announced_that_no_partition_follows_yet_are_handed_to_discovery(
     other = "persistent://public/default/fresh"
     cursors._answered(B1, {"epoch": "e", "seq": 3, "full": False, "topics": {}, "gone": [], "new": [T0, other]})
     assert told == [[other]]  # T0 is followed already
+
+
+def _acknowledged(partition: Any) -> list[int]:
+    return [p.subscriptions["app"][1] for p in partition.told]
+
+
+def test_a_request_delivers_what_is_latest_when_it_is_delivered_not_when_it_was_asked() -> None:
+    """Issue 46 (3): a newer answer already queued was handed over first, then the copy the request had read; the
+    engine took the older position as a move back, and the plugin pushes only real moves, so nothing corrected it."""
+    cursors, partition = _cursors(), _partition()
+    cursors.add(partition)
+    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: _report(1)}, "gone": []})
+    newer = {"epoch": "e", "seq": 2, "full": False, "topics": {T0: _report(3)}, "gone": []}
+    cursors.loop.post(lambda: cursors._answered(B1, newer))  # the poll's thread queued it before the request
+    cursors.request(partition)
+    _run_posted(cursors)
+    assert _acknowledged(partition)[-1] == 3 and sorted(_acknowledged(partition)) == _acknowledged(partition)
+
+
+def test_an_admin_read_answered_after_the_plugin_took_the_topic_over_is_not_handed_over() -> None:
+    """Issue 46 (3), the admin path: a fast poll in flight when the topic switched to plugin pushes answers with
+    what it read before the push; handing it over would move the subscription back."""
+    cursors, partition = _cursors(), _partition()
+    cursors.add(partition)
+    partition.poll.durable = frozenset({"app"})
+    cursors.poller.request(partition)
+    cursors.poller._flush_posted = False
+    wanted = cursors.poller._wanted.pop(T0)
+    wanted.poll.in_flight = True  # read through the admin API ...
+    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: _report(3)}, "gone": []})
+    internal = {
+        "lastConfirmedEntry": "5:30",
+        "ledgers": [{"ledgerId": 5, "entries": 31}],
+        "cursors": {"app": {"markDeletePosition": "5:1"}, "__wm_generator": {"markDeletePosition": "5:2"}},
+    }
+    cursors.poller._answered([partition], {T0: (internal, None)})  # ... answered after the push
+    assert _acknowledged(partition) == [3] and not partition.poll.in_flight
+    cursors.poller.request(partition)  # a fast poll armed before the push fires: no admin call for it
+    assert T0 not in cursors.poller._wanted
+
+
+def test_a_poll_of_a_broker_that_went_away_ends_and_lookups_of_removed_topics_are_forgotten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 46 (6): a broker found by a lookup that stops answering (it was removed from the cluster) had a poll
+    thread for good; the lookup times of every topic ever followed were kept for good."""
+    import broker_ext.plugin_cursors as module
+
+    monkeypatch.setattr(module, "RETRY_MAX_S", 0.01)
+    monkeypatch.setattr(module, "GIVE_UP_AFTER_S", 0.05)
+    gone = "http://127.0.0.1:9"
+
+    def unreachable(broker: str, *args: object) -> dict[str, Any]:
+        raise module.AdminError(f"connection refused: {broker}")
+
+    cursors, partition = _cursors(), _partition()
+    cursors.admin = cast(Any, SimpleNamespace(admin_bases=[B1], plugin_changes=unreachable))
+    cursors._follow_broker(gone)
+    cursors._brokers[gone].join(timeout=5)
+    assert not cursors._brokers[gone].is_alive()
+    _run_posted(cursors)
+    assert gone not in cursors._brokers  # a later lookup that names it polls it again
+    cursors.add(partition)
+    cursors.owned(partition)
+    assert T0 in cursors._looked_up
+    cursors.remove(partition)
+    assert T0 not in cursors._looked_up
