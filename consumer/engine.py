@@ -3,7 +3,7 @@
 The shell (consumer/watermark_consumer.py, consumer/watermark_feed.py) turns what the Pulsar client
 delivers, what the application calls and what the companion topic holds into events, and carries out
 the commands in the order given. Everything that decides lives here: the trust rule
-(watermark_core/trust.py: which watermark may stand over which message), the acknowledgements held
+(consumer/trust.py: which watermark may stand over which message), the acknowledgements held
 back while a partition waits for a recomputed watermark, the time limits on that wait, the seek
 target Pulsar would deliver again, which message a listener gets next and under which watermark,
 and partitions added to a live topic.
@@ -22,8 +22,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from consumer.trust import BEFORE_ALL, Computed, Entry, PartitionTrust, WatermarkTrust
 from watermark_core.protocol import Position, Watermark
-from watermark_core.trust import BEFORE_ALL, Computed, Entry, PartitionTrust, WatermarkTrust
 
 RECOMPUTE_WAIT_S = 30.0
 """How long a partition that moved back waits for a watermark computed before its messages, at most."""
@@ -231,7 +231,7 @@ class ConsumerEngine:
         self._guarded_since: dict[int, float] = {}
         """Partitions that take only events at or before what came since a seek or giving up, since when."""
         self._stale_since: dict[int, float] = {}
-        """Partitions whose latest event the caught-up rule left `stale` (watermark_core/trust.py), since when."""
+        """Partitions whose latest event the caught-up rule left `stale` (consumer/trust.py), since when."""
         self._joining: set[int] = set()
         """Partitions added to a live topic: out of the minimum until their watermark reaches it."""
         self._delivered: Watermark | None = None

@@ -26,7 +26,7 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pulsar
 
@@ -38,7 +38,6 @@ from consumer.engine import (
     NegativelyAcknowledged,
     Sought,
 )
-from consumer.listener import WatermarkListener
 from consumer.watermark_feed import WatermarkFeed
 from pulsar_access.errors import explained, service_url_of
 from watermark_core.protocol import (
@@ -57,6 +56,18 @@ _Message = pulsar.Message
 NO_WATERMARK_WARNING_S = 30.0
 
 __all__ = ["LISTENER_POLL_MS", "NO_WATERMARK_WARNING_S", "WatermarkConsumer"]
+
+
+class Listener(Protocol):
+    """What `WatermarkConsumer` calls on its listener: a `WatermarkListener` (consumer/listener.py), or any object
+    with its three methods. Named here so that this module needs nothing of listener.py (which names this one's
+    class in its hints)."""
+
+    def received(self, consumer: WatermarkConsumer, message: pulsar.Message) -> None: ...
+
+    def received_watermark(self, consumer: WatermarkConsumer, watermark: Watermark) -> None: ...
+
+    def watermark_withdrawn(self, consumer: WatermarkConsumer) -> None: ...
 
 
 def _batch_policy_of(policy: pulsar.ConsumerBatchReceivePolicy | None, room: int) -> tuple[int, int, int]:
@@ -112,7 +123,7 @@ class WatermarkConsumer:
         client: pulsar.Client,
         topic: str,
         subscription: str,
-        listener: WatermarkListener | None = None,
+        listener: Listener | None = None,
         *,
         no_watermark_warning_s: float = NO_WATERMARK_WARNING_S,
         recompute_wait_s: float = RECOMPUTE_WAIT_S,

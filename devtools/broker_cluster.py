@@ -29,9 +29,8 @@ from typing import Any
 import requests
 
 from devtools.local_cluster import (
-    _JAVA_OPENS,
-    _LOG4J2,
     BROKER_SETTINGS,
+    JAVA_OPENS,
     PULSAR_VERSION,
     REPO_ROOT,
     WATERMARK_COMPACTION_THRESHOLD_BYTES,
@@ -40,9 +39,11 @@ from devtools.local_cluster import (
     ensure_pulsar_jars,
     free_listen_port,
     port_free,
+    pulsar_jvm_options,
     recorded_pid,
     say,
     stop_recorded,
+    write_log4j2,
 )
 from devtools.plugin import broker_settings as plugin_settings
 from devtools.plugin import ensure_plugin
@@ -137,12 +138,11 @@ class MultiBrokerCluster:
         """Start one JVM of the cluster in its own session (so a signal reaches only it), logging to `name`.log."""
         folder = self.home / name
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "log4j2.xml").write_text(_LOG4J2.format(log=folder / f"{name}.log"))
+        write_log4j2(folder / "log4j2.xml", folder / f"{name}.log")
         lib = ensure_pulsar_jars()
         command = [
-            check_java(), f"-Xmx{heap}", "-XX:MaxDirectMemorySize=512m", "-XX:+UseG1GC", *_JAVA_OPENS,
-            f"-Dlog4j.configurationFile={folder / 'log4j2.xml'}", "-Dio.netty.tryReflectionSetAccessible=true",
-            "-Dpulsar.allocator.exit_on_oom=true", "-Dzookeeper.admin.enableServer=false",
+            check_java(), *pulsar_jvm_options(heap, "512m", folder / "log4j2.xml"),
+            "-Dzookeeper.admin.enableServer=false",
             *(extra or []), "-cp", f"{lib}/*", main_class, *args,
         ]  # fmt: skip
         with (folder / f"{name}.out").open("ab") as out:
@@ -204,7 +204,7 @@ class MultiBrokerCluster:
         first = self.ports[0]
         result = subprocess.run(
             [
-                check_java(), "-Xmx256m", *_JAVA_OPENS, "-cp", f"{lib}/*",
+                check_java(), "-Xmx256m", *JAVA_OPENS, "-cp", f"{lib}/*",
                 "org.apache.pulsar.PulsarClusterMetadataSetup",
                 "--cluster", CLUSTER_NAME,
                 "--metadata-store", self.metadata_store,

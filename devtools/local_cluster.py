@@ -294,7 +294,7 @@ class LocalCluster:
         }
         conf = self.state_dir / "standalone.conf"
         conf.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
-        (self.state_dir / "log4j2.xml").write_text(_LOG4J2.format(log=self.state_dir / "pulsar.log"))
+        write_log4j2(self.state_dir / "log4j2.xml", self.state_dir / "pulsar.log")
         return conf
 
     # -- start and stop ---------------------------------------------------------------------------
@@ -331,10 +331,7 @@ class LocalCluster:
         started = time.monotonic()
         say(f"starting Pulsar {PULSAR_VERSION} standalone on {self.service_url}, admin {self.admin_url}")
         command = [
-            java, "-Xms256m", f"-Xmx{self.heap}", "-XX:MaxDirectMemorySize=1g", "-XX:+UseG1GC",
-            *_JAVA_OPENS,
-            f"-Dlog4j.configurationFile={self.state_dir / 'log4j2.xml'}",
-            "-Dpulsar.allocator.exit_on_oom=true", "-Dio.netty.tryReflectionSetAccessible=true",
+            java, "-Xms256m", *pulsar_jvm_options(self.heap, "1g", self.state_dir / "log4j2.xml"),
             "-Dzookeeper.4lw.commands.whitelist=*",
             "-cp", f"{lib}/*",
             "org.apache.pulsar.PulsarStandaloneStarter",
@@ -599,7 +596,7 @@ def wait_for_admin(admin_url: str, timeout_s: float) -> bool:
     return False
 
 
-_JAVA_OPENS = [
+JAVA_OPENS = [
     "--add-opens", "java.base/java.io=ALL-UNNAMED",
     "--add-opens", "java.base/java.nio=ALL-UNNAMED",
     "--add-opens", "java.base/sun.nio.ch=ALL-UNNAMED",
@@ -609,6 +606,25 @@ _JAVA_OPENS = [
     "--add-opens", "java.management/sun.management=ALL-UNNAMED",
     "--add-opens", "jdk.management/com.sun.management.internal=ALL-UNNAMED",
 ]  # fmt: skip
+"""The `--add-opens` every Pulsar JVM needs on Java 17 (netty, BookKeeper, the JVM's metrics): here for the
+standalone and devtools/broker_cluster.py alike."""
+
+
+def pulsar_jvm_options(heap: str, direct_memory: str, log4j2: Path) -> list[str]:
+    """The options every Pulsar JVM we start takes (the standalone; a cluster's metadata store, bookies, brokers):
+    its heap and direct memory, G1, `JAVA_OPENS`, logging as `log4j2` says (see `write_log4j2`), netty's
+    reflection, and exiting on an out-of-memory error rather than limping on."""
+    return [
+        f"-Xmx{heap}", f"-XX:MaxDirectMemorySize={direct_memory}", "-XX:+UseG1GC", *JAVA_OPENS,
+        f"-Dlog4j.configurationFile={log4j2}", "-Dio.netty.tryReflectionSetAccessible=true",
+        "-Dpulsar.allocator.exit_on_oom=true",
+    ]  # fmt: skip
+
+
+def write_log4j2(config: Path, log: Path) -> None:
+    """Write a log4j2 configuration at `config` that logs to `log` (rolled at 50 MB, three kept)."""
+    config.write_text(_LOG4J2.format(log=log))
+
 
 _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
 <Configuration status="WARN">

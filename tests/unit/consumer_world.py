@@ -123,7 +123,7 @@ class ConsumerWorld:
         """Partitions moved back while the generator was down, or that it went down before it polled them after a
         move back; with the event it published for them once up again (None: not yet), until the consumer reads
         it. The engine assumes a live generator: a stale event still the latest a while after its reader caught up
-        is taken (watermark_core/trust.py `take_stale`), which is premature only for such a move; the checks leave
+        is taken (consumer/trust.py `take_stale`), which is premature only for such a move; the checks leave
         these partitions out, as the documented gap (docs/DECISIONS.md, issue 34)."""
         self.published: dict[int, int | None] = {}
         """The mark-delete position the generator published last, per partition."""

@@ -258,7 +258,7 @@ def test_a_message_another_shared_consumer_gave_back_is_no_move_back() -> None:
 
 
 def test_what_is_remembered_of_acknowledgements_stays_bounded_without_a_generator() -> None:
-    from watermark_core.trust import ACKNOWLEDGED_KEPT
+    from consumer.trust import ACKNOWLEDGED_KEPT
 
     drive = Drive()
     drive.event(-1)

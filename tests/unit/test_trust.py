@@ -1,4 +1,4 @@
-"""The consumer's trust rule (watermark_core/trust.py): examples.
+"""The consumer's trust rule (consumer/trust.py): examples.
 
 The rule under random runs, driven through the consumer engine against the fold of the log, is
 tests/unit/test_consumer_engine_properties.py.
@@ -6,8 +6,8 @@ tests/unit/test_consumer_engine_properties.py.
 
 from __future__ import annotations
 
+from consumer.trust import WITHDRAWN, Computed, Outcome, WatermarkTrust
 from watermark_core.protocol import Watermark
-from watermark_core.trust import WITHDRAWN, Computed, Outcome, WatermarkTrust
 
 L = 7  # the ledger of every example
 
