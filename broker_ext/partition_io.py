@@ -3,7 +3,7 @@
 Everything here runs on the event loop's thread (broker_ext/loop.py), except what is handed to the
 worker pool and comes back as an event: subscribing, creating the snapshot producer, the reads of
 a rebuild. A partition costs nothing while nothing happens on it: no thread, no timer, no admin
-call beyond the sweep of its topic (broker_ext/polling.py).
+call beyond the sweep of its topic (broker_ext/intake/admin_polling.py).
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ from broker_ext.engine.vocabulary import (
     UnusableSnapshot,
     WriteSnapshot,
 )
+from broker_ext.intake.source import CursorSource
 from broker_ext.loop import EventLoop
 from broker_ext.metrics import GeneratorMetrics
 from broker_ext.ownership import consumer_name, instance_of
-from broker_ext.polling import CursorSource, PollState
 from broker_ext.reads import message_position, read_marker_at, read_range
 from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound
 from pulsar_access.topics import base_topic_and_partition
@@ -91,7 +91,7 @@ class Context:
     pool: Executor
     """Blocking Pulsar calls: subscribing, creating producers, a rebuild's reads."""
     poller: CursorSource
-    """Where each cursor is: the broker plugin or the admin API (broker_ext/polling.py `CursorSource`)."""
+    """Where each cursor is: the broker plugin or the admin API (broker_ext/intake/source.py `CursorSource`)."""
 
 
 def engine_config(config: GeneratorConfig) -> EngineConfig:
@@ -112,7 +112,6 @@ class PartitionIO:
         self.ctx = ctx
         self.engine = PartitionEngine(topic, engine_config(ctx.config))
         self.consumer_name = consumer_name(self.base_topic, ctx.config.instance_id)
-        self.poll = PollState()
         self.closed = False
         self.consumer: pulsar.Consumer | None = None
         self.subscribing = False

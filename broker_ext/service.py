@@ -3,7 +3,7 @@
 Threads, whatever the number of partitions: this service's discovery loop; the event loop that
 feeds every partition's engine and carries out its commands (broker_ext/loop.py); a pool for
 blocking Pulsar calls (subscribing, creating producers, a rebuild's reads) and one for admin calls
-(broker_ext/polling.py); the Pulsar client's own I/O and listener threads; the metrics server.
+(broker_ext/intake/admin_polling.py); the Pulsar client's own I/O and listener threads; the metrics server.
 Messages reach the loop through each consumer's message listener.
 """
 
@@ -20,11 +20,12 @@ import pulsar
 
 from broker_ext.config import GeneratorConfig, warn_about_snapshot_key
 from broker_ext.dispatch import WatermarkDispatcher
+from broker_ext.intake.admin_polling import CursorPoller
+from broker_ext.intake.plugin_cursors import PluginCursors
+from broker_ext.intake.source import CursorSource
 from broker_ext.loop import EventLoop
 from broker_ext.metrics import GeneratorMetrics
 from broker_ext.partition_io import Context, PartitionIO
-from broker_ext.plugin_cursors import PluginCursors
-from broker_ext.polling import CursorPoller, CursorSource
 from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound
 from pulsar_access.settings import PulsarSettings
 from pulsar_access.topics import TopicName, full_name, is_watermark_topic, partition_names

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 
+from broker_ext.engine.marker_log import BeforeBase, MarkerLog, SubscriptionTracker
 from broker_ext.engine.recovery import (
     BEFORE_EVERYTHING,
     ReadSnapshotAt,
@@ -69,7 +70,6 @@ from broker_ext.engine.vocabulary import (
     UnusableSnapshot,
     WriteSnapshot,
 )
-from broker_ext.marker_log import BeforeBase, MarkerLog, SubscriptionTracker
 from pulsar_access.topics import base_topic_and_partition
 from watermark_core.protocol import (
     INCARNATION_PROPERTY,

@@ -9,9 +9,9 @@ from typing import Any, cast
 
 import pytest
 
-from broker_ext.ack_watch import MAX_IDLE_BACKOFF, AckWatch, mark_delete_times
+from broker_ext.intake.ack_watch import MAX_IDLE_BACKOFF, AckWatch, mark_delete_times
+from broker_ext.intake.admin_polling import CursorPoller
 from broker_ext.loop import EventLoop
-from broker_ext.polling import CursorPoller, PollState
 
 pytestmark = pytest.mark.unit
 
@@ -129,20 +129,26 @@ def _poller(ack_watch_interval_s: float) -> CursorPoller:
 
 
 def _partition(topic: str = T0) -> Any:
-    return SimpleNamespace(topic=topic, base_topic=topic, partition=-1, consumer_name="c", poll=PollState(),
+    return SimpleNamespace(topic=topic, base_topic=topic, partition=-1, consumer_name="c",
                            closed=False, owner=True, wants_cursors=True)  # fmt: skip
 
 
+def _followed(ack_watch_interval_s: float) -> tuple[CursorPoller, Any]:
+    poller, partition = _poller(ack_watch_interval_s), _partition()
+    poller.add(partition)
+    return poller, partition
+
+
 def _fast_polls_until_handed_over(poller: CursorPoller, partition: Any) -> list[float]:
-    intervals = [partition.poll.fast_interval]
-    while partition.poll.fast_interval:
+    intervals = [poller.states[partition.topic].fast_interval]
+    while poller.states[partition.topic].fast_interval:
         poller._after_poll(partition, moved=False)
-        intervals.append(partition.poll.fast_interval)
+        intervals.append(poller.states[partition.topic].fast_interval)
     return [round(i, 3) for i in intervals[:-1]]
 
 
 def test_the_first_read_after_a_marker_waits_for_the_acknowledgement_grouping() -> None:
-    poller, partition = _poller(1.0), _partition()
+    poller, partition = _followed(1.0)
     before = time.time()
     poller.after(partition, marker_read=True)
     scheduled = poller.loop.scheduled((T0, "poll"))
@@ -150,10 +156,10 @@ def test_the_first_read_after_a_marker_waits_for_the_acknowledgement_grouping() 
 
 
 def test_a_marker_still_waiting_goes_from_the_fast_poll_to_the_ack_watch_within_a_fraction_of_a_second() -> None:
-    poller, partition = _poller(1.0), _partition()
+    poller, partition = _followed(1.0)
     poller.after(partition, marker_read=True)
     assert _fast_polls_until_handed_over(poller, partition) == [0.12, 0.18]  # two reads, then the metrics
-    assert partition.poll.handed_over and poller.watch is not None and T0 in poller.watch.watched
+    assert poller.states[partition.topic].handed_over and poller.watch is not None and T0 in poller.watch.watched
     assert poller.loop.scheduled("ack-watch") is not None
     partition.wants_cursors = False  # acknowledged past every marker: nothing to watch for
     poller.after(partition, marker_read=False)
@@ -165,53 +171,56 @@ def test_without_the_ack_watch_or_where_the_metrics_do_not_show_the_topic_the_sw
         if poller.watch is not None:
             poller.watch.scraped(time.time(), {T1: {"app": 1}})  # the broker's metrics show another topic only
         partition = _partition()
+        poller.add(partition)
         poller.after(partition, marker_read=True)
         assert _fast_polls_until_handed_over(poller, partition) == [0.12, 0.18, 0.27, 0.405, 0.608, 0.911]
-        assert partition.poll.handed_over
+        assert poller.states[partition.topic].handed_over
         assert poller.watch is None or not poller.watch.watched
 
 
 def test_a_late_acknowledgement_with_markers_still_waiting_stays_with_the_watch_a_prompt_one_polls_fast() -> None:
-    poller, partition = _poller(1.0), _partition()
+    poller, partition = _followed(1.0)
     poller.after(partition, marker_read=True)
     poller._after_poll(partition, moved=True)  # within the fast window: the next acknowledgement is likely near
-    assert partition.poll.fast_interval == 0.05
+    assert poller.states[partition.topic].fast_interval == 0.05
     _fast_polls_until_handed_over(poller, partition)
-    assert partition.poll.handed_over
+    assert poller.states[partition.topic].handed_over
     poller._after_poll(partition, moved=True)  # the watch saw a late acknowledgement; an older marker still waits
-    assert partition.poll.fast_interval == 0.0 and partition.poll.handed_over
+    assert poller.states[partition.topic].fast_interval == 0.0 and poller.states[partition.topic].handed_over
     assert poller.watch is not None and T0 in poller.watch.watched
     poller.after(partition, marker_read=True)  # a new marker: its own fast poll
-    assert partition.poll.fast_interval == 0.12
+    assert poller.states[partition.topic].fast_interval == 0.12
 
 
 def test_a_partition_that_acknowledges_late_gets_no_fast_polls_but_one_marker_in_four_probes() -> None:
-    poller, partition = _poller(1.0), _partition()
+    poller, partition = _followed(1.0)
     poller.after(partition, marker_read=True)
     _fast_polls_until_handed_over(poller, partition)  # two reads find nothing
-    partition.poll.marker_read_at -= 10.0  # ... and the watch finds the move ten seconds after the marker
+    poller.states[
+        partition.topic
+    ].marker_read_at -= 10.0  # ... and the watch finds the move ten seconds after the marker
     poller._after_poll(partition, moved=True)
-    assert partition.poll.late
+    assert poller.states[partition.topic].late
     fast = []
     for _ in range(8):
         poller.after(partition, marker_read=True)
-        fast.append(partition.poll.fast_interval > 0)
-        partition.poll.fast_interval = 0.0  # (the probe's reads find nothing)
-        partition.poll.handed_over = True
+        fast.append(poller.states[partition.topic].fast_interval > 0)
+        poller.states[partition.topic].fast_interval = 0.0  # (the probe's reads find nothing)
+        poller.states[partition.topic].handed_over = True
     assert fast == [False, False, False, True] * 2
     assert poller.watch is not None and T0 in poller.watch.watched
     poller.after(partition, marker_read=True)
     poller._after_poll(partition, moved=True)  # found at once: prompt again
-    assert not partition.poll.late
+    assert not poller.states[partition.topic].late
     poller.after(partition, marker_read=True)
-    assert partition.poll.fast_interval == 0.12
+    assert poller.states[partition.topic].fast_interval == 0.12
 
 
 def test_without_the_watch_a_late_partition_keeps_its_fast_polls() -> None:
-    poller, partition = _poller(0.0), _partition()
-    partition.poll.late = True
+    poller, partition = _followed(0.0)
+    poller.states[partition.topic].late = True
     poller.after(partition, marker_read=True)
-    assert partition.poll.fast_interval == 0.12
+    assert poller.states[partition.topic].fast_interval == 0.12
 
 
 def test_an_acknowledgement_seen_while_the_partition_was_not_watched_is_not_its_baseline() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from broker_ext.engine import AwaitingCursor, EngineConfig, Following, PartitionEngine, TakingOver, Unowned, recovery
+from broker_ext.engine.marker_log import MarkerLog
 from broker_ext.engine.recovery import BEFORE_EVERYTHING, KEEP_SNAPSHOTS, ledger_start, normalized_cursor
 from broker_ext.engine.vocabulary import (
     AcknowledgeUpTo,
@@ -31,7 +32,6 @@ from broker_ext.engine.vocabulary import (
     UnusableSnapshot,
     WriteSnapshot,
 )
-from broker_ext.marker_log import MarkerLog
 from tests.unit.partition_world import TOPIC, World, ack, ack_all, before_entry
 from watermark_core.protocol import MARKER_PROPERTY, Marker, MarkerKind, decode_marker, encode_set, entry_end
 from watermark_core.state import WatermarkState

@@ -9,9 +9,9 @@ from typing import Any, cast
 import pytest
 
 from broker_ext.engine.vocabulary import CursorsPolled
+from broker_ext.intake.admin_polling import CursorPoller
+from broker_ext.intake.plugin_cursors import PluginCursors, cursors_from
 from broker_ext.loop import EventLoop
-from broker_ext.plugin_cursors import PluginCursors, cursors_from
-from broker_ext.polling import CursorPoller, PollState
 
 pytestmark = pytest.mark.unit
 
@@ -41,7 +41,7 @@ class _Partition(SimpleNamespace):
 
 
 def _partition(topic: str = T0) -> Any:
-    return _Partition(topic=topic, base_topic=topic, partition=-1, consumer_name="c", poll=PollState(), closed=False,
+    return _Partition(topic=topic, base_topic=topic, partition=-1, consumer_name="c", closed=False,
                       owner=True, wants_cursors=True, told=[], lost_to=[], named=[])  # fmt: skip
 
 
@@ -82,7 +82,7 @@ def test_a_move_goes_to_the_owner_and_the_sweep_leaves_the_partition_alone() -> 
     cursors.add(partition)
     cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: _report(3)}, "gone": []})
     assert [p.subscriptions["app"] for p in partition.told] == [(5, 3)]
-    assert partition.poll.pushed
+    assert cursors.poller.states[T0].pushed
     cursors.after(partition, marker_read=True)  # no fast poll: moves are pushed
     assert cursors.loop.scheduled((T0, "poll")) is None
     cursors.request(partition)  # answered from what the plugin said, without an admin call
@@ -116,12 +116,12 @@ def test_a_topic_gone_from_its_broker_goes_back_to_admin_reads_until_another_bro
     cursors.add(partition)
     cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: _report(3)}, "gone": []})
     cursors._answered(B1, {"epoch": "e", "seq": 2, "full": False, "topics": {}, "gone": [T0]})
-    assert not partition.poll.pushed
+    assert not cursors.poller.states[T0].pushed
     assert T0 in cursors.poller._wanted  # read through the admin API meanwhile
     cursors.after(partition, marker_read=True)
     assert cursors.loop.scheduled((T0, "poll")) is not None  # fast polls again while a marker waits
     cursors._answered(B2, {"epoch": "f", "seq": 9, "full": True, "topics": {T0: _report(4)}, "gone": []})
-    assert partition.poll.pushed and partition.told[-1].subscriptions["app"] == (5, 4)
+    assert cursors.poller.states[T0].pushed and partition.told[-1].subscriptions["app"] == (5, 4)
 
 
 def test_a_late_gone_from_the_old_broker_does_not_drop_what_the_new_one_reports() -> None:
@@ -130,7 +130,7 @@ def test_a_late_gone_from_the_old_broker_does_not_drop_what_the_new_one_reports(
     cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: _report(3)}, "gone": []})
     cursors._answered(B2, {"epoch": "f", "seq": 1, "full": True, "topics": {T0: _report(4)}, "gone": []})
     cursors._answered(B1, {"epoch": "e", "seq": 2, "full": False, "topics": {}, "gone": [T0]})
-    assert partition.poll.pushed and cursors._pushed[T0].broker == B2
+    assert cursors.poller.states[T0].pushed and cursors._pushed[T0].broker == B2
 
 
 def test_a_full_answer_drops_what_the_broker_no_longer_serves() -> None:
@@ -138,7 +138,7 @@ def test_a_full_answer_drops_what_the_broker_no_longer_serves() -> None:
     cursors.add(partition)
     cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: _report(3)}, "gone": []})
     cursors._answered(B1, {"epoch": "restarted", "seq": 0, "full": True, "topics": {}, "gone": []})
-    assert not partition.poll.pushed and T0 not in cursors._pushed
+    assert not cursors.poller.states[T0].pushed and T0 not in cursors._pushed
 
 
 def test_a_broker_without_the_plugin_leaves_its_topics_to_admin_reads() -> None:
@@ -146,7 +146,7 @@ def test_a_broker_without_the_plugin_leaves_its_topics_to_admin_reads() -> None:
     cursors.add(partition)
     cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: _report(3)}, "gone": []})
     cursors._plugin_missing(B1, "404")
-    assert not partition.poll.pushed and B1 in cursors._absent
+    assert not cursors.poller.states[T0].pushed and B1 in cursors._absent
     cursors._follow_broker(B1)  # not asked again soon
     assert B1 not in cursors._brokers
 
@@ -183,11 +183,11 @@ def test_an_admin_read_answered_after_the_plugin_took_the_topic_over_is_not_hand
     what it read before the push; handing it over would move the subscription back."""
     cursors, partition = _cursors(), _partition()
     cursors.add(partition)
-    partition.poll.durable = frozenset({"app"})
+    cursors.poller.states[T0].durable = frozenset({"app"})
     cursors.poller.request(partition)
     cursors.poller._flush_posted = False
     wanted = cursors.poller._wanted.pop(T0)
-    wanted.poll.in_flight = True  # read through the admin API ...
+    cursors.poller.states[wanted.topic].in_flight = True  # read through the admin API ...
     cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: _report(3)}, "gone": []})
     internal = {
         "lastConfirmedEntry": "5:30",
@@ -195,7 +195,7 @@ def test_an_admin_read_answered_after_the_plugin_took_the_topic_over_is_not_hand
         "cursors": {"app": {"markDeletePosition": "5:1"}, "__wm_generator": {"markDeletePosition": "5:2"}},
     }
     cursors.poller._answered([partition], {T0: (internal, None)})  # ... answered after the push
-    assert _acknowledged(partition) == [3] and not partition.poll.in_flight
+    assert _acknowledged(partition) == [3] and not cursors.poller.states[T0].in_flight
     cursors.poller.request(partition)  # a fast poll armed before the push fires: no admin call for it
     assert T0 not in cursors.poller._wanted
 
@@ -205,7 +205,7 @@ def test_a_poll_of_a_broker_that_went_away_ends_and_lookups_of_removed_topics_ar
 ) -> None:
     """Issue 46 (6): a broker found by a lookup that stops answering (it was removed from the cluster) had a poll
     thread for good; the lookup times of every topic ever followed were kept for good."""
-    import broker_ext.plugin_cursors as module
+    import broker_ext.intake.plugin_cursors as module
 
     monkeypatch.setattr(module, "RETRY_MAX_S", 0.01)
     monkeypatch.setattr(module, "GIVE_UP_AFTER_S", 0.05)

@@ -10,9 +10,9 @@ from typing import Any, cast
 
 import pytest
 
+from broker_ext.intake.admin_polling import FULL_SWEEP_PERIODS, Sweeper, cursors_polled, detected, summed_fingerprint
 from broker_ext.loop import EventLoop
 from broker_ext.ownership import consumer_name, instance_of
-from broker_ext.polling import FULL_SWEEP_PERIODS, Sweeper, cursors_polled, detected, summed_fingerprint
 
 pytestmark = pytest.mark.unit
 
@@ -162,7 +162,16 @@ def test_the_summed_fingerprint_follows_application_subscriptions_only() -> None
 
 
 def _sweeper_with(seen: list[str]) -> Sweeper:
-    sweeper = Sweeper(cast(Any, None), idle_poll_interval_s=1.0, stats_rate=10.0)
+    sweeper = Sweeper(
+        cast(Any, None),
+        cast(Any, None),
+        count=lambda call: None,
+        changed=lambda changes: None,
+        failed=lambda exc: None,
+        swept=lambda partition: True,
+        idle_poll_interval_s=1.0,
+        stats_rate=10.0,
+    )
     for topic in seen:
         sweeper.seen(topic, (0, ()))
     return sweeper

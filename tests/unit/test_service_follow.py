@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from broker_ext.config import GeneratorConfig
-from broker_ext.plugin_cursors import PluginCursors
+from broker_ext.intake.plugin_cursors import PluginCursors
 from broker_ext.service import GeneratorService
 from pulsar_access.settings import PulsarSettings
 

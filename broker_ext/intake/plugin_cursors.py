@@ -6,7 +6,7 @@ poll with the topics that moved since the sequence number the caller knew. `Plug
 such poll open per broker, on a thread of its own, and hands each move to the partition's engine as
 the `CursorsPolled` an internal-stats read would have given: the engine does not know which it got.
 
-It has the surface of `CursorPoller` (broker_ext/polling.py), which it wraps: a topic that no
+It has the surface of `CursorPoller` (broker_ext/intake/admin_polling.py), which it wraps: a topic that no
 plugin reports (a broker without the plugin, a broker that went away, a topic not loaded yet) is
 followed by the poller's admin calls as before, and handed back once a plugin reports it. Brokers
 are the admin URLs and, for a topic no plugin reports, its owner (one lookup). A broker's run is its
@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker_ext.engine.vocabulary import CursorsPolled
+from broker_ext.intake.admin_polling import CursorPoller
+from broker_ext.intake.source import Followed
 from broker_ext.loop import EventLoop
-from broker_ext.polling import CursorPoller, Followed
 from pulsar_access.admin import AdminError, PluginMissing, PulsarAdmin
 from watermark_core.protocol import GENERATOR_SUBSCRIPTION, INTERNAL_SUBSCRIPTIONS
 
@@ -180,7 +181,7 @@ class PluginCursors:
             partition = self._followed.get(topic)
             if partition is None or partition.closed:
                 continue
-            partition.poll.pushed = True
+            self.poller.pushed(partition, True)
             if partition.owner or partition.wants_cursors:
                 self._deliver(partition, pushed)
             elif owner == partition.consumer_name:
@@ -196,7 +197,7 @@ class PluginCursors:
             del self._pushed[topic]
             partition = self._followed.get(topic)
             if partition is not None and not partition.closed:
-                partition.poll.pushed = False
+                self.poller.pushed(partition, False)
                 if partition.owner:
                     self.poller.owned(partition)
                     self.poller.request(partition)

@@ -9,7 +9,7 @@ every partition all the time is what made the generator's cost grow with partiti
   while nothing moves, until no marker waits for a subscription (`engine.wants_cursors`) or the
   interval passes `WATCH_AFTER_S` where the ack watch sees the topic, `idle_poll_interval_s`
   elsewhere; then the ack watch, or the sweep, takes over.
-- **The ack watch** (broker_ext/ack_watch.py) serves markers that wait for a late acknowledgement:
+- **The ack watch** (broker_ext/intake/ack_watch.py) serves markers that wait for a late acknowledgement:
   while any does, the broker's `/metrics` once every `--ack-watch-interval-s` shows which
   subscriptions' mark-delete positions advanced; only those partitions get an internal-stats read.
   A partition whose last move came more than `LATE_S` after a marker read is *late*: its new markers
@@ -49,10 +49,11 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from broker_ext.ack_watch import AckWatch, mark_delete_times
 from broker_ext.engine.vocabulary import CursorsPolled
+from broker_ext.intake.ack_watch import AckWatch, mark_delete_times
+from broker_ext.intake.source import Followed
 from broker_ext.loop import EventLoop
 from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound, last_confirmed_entry, mark_delete_of
 from watermark_core.protocol import GENERATOR_SUBSCRIPTION, INTERNAL_SUBSCRIPTIONS
@@ -129,32 +130,9 @@ def cursors_polled(internal: Mapping[str, Any], durable: frozenset[str]) -> Curs
     )
 
 
-class Followed(Protocol):
-    """What the poller needs of a partition (broker_ext/partition_io.py `PartitionIO`)."""
-
-    topic: str
-    base_topic: str
-    partition: int
-    consumer_name: str
-    poll: PollState
-    closed: bool
-
-    @property
-    def owner(self) -> bool: ...
-
-    @property
-    def wants_cursors(self) -> bool: ...
-
-    def cursors(self, polled: CursorsPolled) -> None: ...
-
-    def lost(self, owner: str) -> None: ...
-
-    def named_owner(self, polled: CursorsPolled) -> None: ...
-
-
 @dataclass
 class PollState:
-    """One partition's polling, kept by the poller (on the loop thread)."""
+    """One partition's polling, kept by the poller (on the loop thread); nothing else reads it."""
 
     durable: frozenset[str] | None = None
     fingerprint: Fingerprint | None = None
@@ -173,30 +151,7 @@ class PollState:
     unprobed: int = 0
     """Markers read since the last one that got fast polls (a late partition gets them for one in `PROBE_EVERY`)."""
     pushed: bool = False
-    """A broker's plugin reports this partition's moves (broker_ext/plugin_cursors.py): the sweep leaves it alone."""
-
-
-class CursorSource(Protocol):
-    """Where each cursor is: the admin API (`CursorPoller`) or the broker plugin (`PluginCursors`).
-
-    Partitions tell it what happened (`after`: an event, maybe a marker read; `owned`: it owns the
-    partition now) or ask (`request`: the cursors now); it answers with `partition.cursors(...)` or
-    `partition.lost(owner)` on the loop thread, whenever the cursors move.
-    """
-
-    def start(self) -> None: ...
-
-    def close(self) -> None: ...
-
-    def add(self, partition: Followed) -> None: ...
-
-    def remove(self, partition: Followed) -> None: ...
-
-    def owned(self, partition: Followed) -> None: ...
-
-    def after(self, partition: Followed, marker_read: bool) -> None: ...
-
-    def request(self, partition: Followed) -> None: ...
+    """A broker's plugin reports this partition's moves (`CursorPoller.pushed`): no admin read, the sweep leaves it."""
 
 
 class CursorPoller:
@@ -219,7 +174,12 @@ class CursorPoller:
         self._failing_since: float | None = None
         self._last_failure_log = 0.0
         self._count = count
-        self.sweeper = Sweeper(self, idle_poll_interval_s=idle_poll_interval_s, stats_rate=stats_rate)
+        self.states: dict[str, PollState] = {}
+        """Topic -> its polling (loop thread)."""
+        self.sweeper = Sweeper(
+            admin, loop, count=count, changed=self._changed, failed=self._failure, swept=self._admin_reads,
+            idle_poll_interval_s=idle_poll_interval_s, stats_rate=stats_rate,
+        )  # fmt: skip
         self.watch = AckWatch(ack_watch_interval_s) if ack_watch_interval_s > 0 else None
         self._scraper = ThreadPoolExecutor(1, thread_name_prefix="wm-ack-watch") if self.watch is not None else None
         """Scrapes on a thread of their own: behind a queue of cursor reads they would come late."""
@@ -231,12 +191,14 @@ class CursorPoller:
 
     def add(self, partition: Followed) -> None:
         self._followed[partition.topic] = partition
+        self.states.setdefault(partition.topic, PollState())
         self.sweeper.add(partition)
 
     def remove(self, partition: Followed) -> None:
         self.loop.cancel((partition.topic, "poll"))
         self._wanted.pop(partition.topic, None)
         self._followed.pop(partition.topic, None)
+        self.states.pop(partition.topic, None)
         if self.watch is not None:
             self.watch.forget(partition.topic)
         self.sweeper.remove(partition)
@@ -245,9 +207,22 @@ class CursorPoller:
         """The partition's engine owns it now: sweep its topic."""
         self.sweeper.owned(partition)
 
+    def pushed(self, partition: Followed, pushed: bool) -> None:
+        """Whether a broker's plugin reports the partition's moves (broker_ext/intake/plugin_cursors.py): while it
+        does, no admin read is made for it and an admin read still under way is not handed over (it is older)."""
+        self._state(partition).pushed = pushed
+
+    def _state(self, partition: Followed) -> PollState:
+        return self.states.get(partition.topic) or PollState()  # a removed partition's answer: thrown away
+
+    def _admin_reads(self, partition: Followed) -> bool:
+        """Whether the admin API follows this partition (no plugin reports it); asked by the sweep's thread."""
+        state = self.states.get(partition.topic)
+        return state is not None and not state.pushed
+
     def after(self, partition: Followed, marker_read: bool) -> None:
         """After an event other than a poll: a marker read (re)arms the fast poll; it stops once nothing waits."""
-        state = partition.poll
+        state = self._state(partition)
         if marker_read:
             state.marker_read_at = time.time()
         if not partition.wants_cursors:
@@ -266,7 +241,7 @@ class CursorPoller:
 
     def _after_poll(self, partition: Followed, moved: bool) -> None:
         """After a poll: poll fast again while a marker waits, backing off while nothing moves."""
-        state = partition.poll
+        state = self._state(partition)
         watched = self._watchable(partition)
         if moved and state.marker_read_at:
             state.late = time.time() - state.marker_read_at > LATE_S
@@ -286,14 +261,14 @@ class CursorPoller:
                     self._watch(partition)
 
     def _stop_fast(self, partition: Followed) -> None:
-        state = partition.poll
+        state = self._state(partition)
         if state.fast_interval:
             self.loop.cancel((partition.topic, "poll"))
         state.fast_interval, state.handed_over = 0.0, False
         if self.watch is not None:
             self.watch.unwatch(partition.topic)
 
-    # -- the ack watch: late acknowledgements from the broker's metrics (broker_ext/ack_watch.py) ----
+    # -- the ack watch: late acknowledgements from the broker's metrics (broker_ext/intake/ack_watch.py) ----
 
     def _watch(self, partition: Followed) -> None:
         assert self.watch is not None
@@ -350,7 +325,7 @@ class CursorPoller:
             self._watch_failure_logged = False
         for topic, subscriptions in times.items():  # only durable application subscriptions count
             partition = self._followed.get(topic)
-            durable = partition.poll.durable if partition is not None else None
+            durable = self._state(partition).durable if partition is not None else None
             times[topic] = {
                 name: at for name, at in subscriptions.items()
                 if (name in durable if durable is not None else name not in INTERNAL_SUBSCRIPTIONS)
@@ -375,7 +350,7 @@ class CursorPoller:
 
     def request(self, partition: Followed) -> None:
         """Read the partition's cursors as soon as possible (batched with others of its topic)."""
-        state = partition.poll
+        state = self._state(partition)
         if state.pushed:
             return  # a plugin reports it (a fast poll armed before it did): its moves come pushed
         if state.in_flight:
@@ -387,7 +362,8 @@ class CursorPoller:
             self.loop.post(self._flush)
 
     def _arm(self, partition: Followed, interval: float) -> None:
-        partition.poll.fast_interval, partition.poll.handed_over = interval, False
+        state = self._state(partition)
+        state.fast_interval, state.handed_over = interval, False
         key = (partition.topic, "poll")
         when = time.time() + interval
         scheduled = self.loop.scheduled(key)
@@ -401,9 +377,10 @@ class CursorPoller:
         wanted, self._wanted = self._wanted, {}
         by_topic: dict[str, list[Followed]] = collections.defaultdict(list)
         for partition in wanted.values():
-            if partition.closed or partition.poll.pushed:
+            state = self._state(partition)
+            if partition.closed or state.pushed:
                 continue
-            partition.poll.in_flight = True
+            state.in_flight = True
             by_topic[partition.base_topic].append(partition)
         for base_topic, partitions in by_topic.items():
             if len(partitions) > 1:
@@ -431,7 +408,7 @@ class CursorPoller:
     ) -> dict[str, tuple[Mapping[str, Any], Mapping[str, Any] | None]]:
         (partition,) = partitions
         stats = None
-        if partition.poll.durable is None:
+        if self._state(partition).durable is None:
             self._count("stats")
             stats = self.admin.brief_stats(partition.topic)
         self._count("internalStats")
@@ -441,7 +418,7 @@ class CursorPoller:
         self, base_topic: str, partitions: list[Followed]
     ) -> dict[str, tuple[Mapping[str, Any], Mapping[str, Any] | None]]:
         stats = None
-        if any(p.poll.durable is None for p in partitions):
+        if any(self._state(p).durable is None for p in partitions):
             self._count("partitioned-stats")
             stats = self.admin.partitioned_brief_stats(base_topic)
         self._count("partitioned-internalStats")
@@ -456,7 +433,7 @@ class CursorPoller:
     ) -> None:
         self._recovered()
         for partition in partitions:
-            state = partition.poll
+            state = self._state(partition)
             state.in_flight = False
             answer = answers.get(partition.topic)
             if partition.closed:
@@ -486,20 +463,20 @@ class CursorPoller:
     def _failed(self, partitions: list[Followed], exc: AdminError) -> None:
         self._failure(exc)
         for partition in partitions:
-            partition.poll.in_flight = False
+            self._state(partition).in_flight = False
             if isinstance(exc, TopicNotFound) or partition.closed:
                 continue  # deleted: discovery drops it
             self._retry(partition)
 
     def _retry(self, partition: Followed) -> None:
-        state = partition.poll
+        state = self._state(partition)
         state.retry_s = min(max(state.retry_s * 2, 0.5), RETRY_MAX_S)
         self.loop.call_at(time.time() + state.retry_s, (partition.topic, "poll"), lambda: self.request(partition))
 
     # -- what the sweep found (loop thread) ---------------------------------------------------------
 
     def _detected(self, partition: Followed, seen: Detected, *, poll: bool) -> None:
-        state = partition.poll
+        state = self._state(partition)
         state.durable = seen.durable
         if seen.active is not None and seen.active != partition.consumer_name and partition.owner:
             partition.lost(seen.active)
@@ -541,8 +518,19 @@ class Sweeper:
     compares live here (under a lock: a poll that read stats records its own).
     """
 
-    def __init__(self, poller: CursorPoller, *, idle_poll_interval_s: float, stats_rate: float) -> None:
-        self.poller = poller
+    def __init__(
+        self, admin: PulsarAdmin, loop: EventLoop, *, count: Callable[[str], None],
+        changed: Callable[[list[tuple[Followed, Detected]]], None], failed: Callable[[AdminError], None],
+        swept: Callable[[Followed], bool], idle_poll_interval_s: float, stats_rate: float,
+    ) -> None:  # fmt: skip
+        self.admin = admin
+        self.loop = loop
+        self._count = count
+        self._changed = changed
+        """Told on the loop thread of the partitions whose stats changed."""
+        self._failed = failed
+        self._swept = swept
+        """Whether a partition is for the sweep (the admin API follows it), asked on the sweep's thread."""
         self.idle_poll_interval_s = idle_poll_interval_s
         self.stats_rate = stats_rate
         self._lock = threading.Lock()
@@ -602,7 +590,7 @@ class Sweeper:
                 base_topic = self._round[0]
                 owned = [
                     p for p in self._partitions.get(base_topic, {}).values()
-                    if p.owner and not p.closed and not p.poll.pushed
+                    if p.owner and not p.closed and self._swept(p)
                 ]  # fmt: skip
                 if not owned:
                     self._round.popleft()
@@ -628,7 +616,7 @@ class Sweeper:
             try:
                 answers = self._read(base_topic, owned)
             except AdminError as exc:
-                self.poller.loop.post(functools.partial(self.poller._failure, exc))
+                self.loop.post(functools.partial(self._failed, exc))
             except Exception:
                 log.exception("sweeping %s failed", base_topic)
             else:
@@ -637,15 +625,15 @@ class Sweeper:
 
     def _read(self, base_topic: str, owned: list[Followed]) -> Mapping[str, Mapping[str, Any]]:
         """Every owned partition's stats, or none where the partitioned topic's sums show nothing changed."""
-        admin = self.poller.admin
+        admin = self.admin
         if owned[0].partition >= 0:
-            self.poller._count("partitioned-stats-summed")
+            self._count("partitioned-stats-summed")
             if not self._partitions_wanted(base_topic, summed_fingerprint(admin.partitioned_summed_stats(base_topic)),
                                            owned):  # fmt: skip
                 return {}
-            self.poller._count("partitioned-stats")
+            self._count("partitioned-stats")
             return admin.partitioned_brief_stats(base_topic)
-        self.poller._count("stats")
+        self._count("stats")
         return {owned[0].topic: admin.brief_stats(owned[0].topic)}
 
     def _partitions_wanted(self, base_topic: str, summed: Fingerprint, owned: list[Followed]) -> bool:
@@ -673,4 +661,4 @@ class Sweeper:
                 if lost or seen.fingerprint != before:
                     changes.append((partition, seen))
         if changes:
-            self.poller.loop.post(lambda: self.poller._changed(changes))
+            self.loop.post(lambda: self._changed(changes))

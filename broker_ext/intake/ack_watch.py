@@ -1,6 +1,6 @@
 """Which subscriptions acknowledged lately, for many topics in one call: the broker's Prometheus metrics.
 
-A marker that waits for a late acknowledgement is past its fast poll (broker_ext/polling.py); reading
+A marker that waits for a late acknowledgement is past its fast poll (broker_ext/intake/admin_polling.py); reading
 its partition's internal stats every second until the acknowledgement comes would cost one admin call
 per waiting topic per second, and the sweep (one call per topic, `--stats-rate` a second) reaches a
 topic only every `topics / --stats-rate` seconds. The broker's `/metrics` lists, for every

@@ -1,0 +1,52 @@
+"""What a followed partition and the source of its cursor positions say to each other (the intake's interface)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from broker_ext.engine.vocabulary import CursorsPolled
+
+
+class Followed(Protocol):
+    """What the poller needs of a partition (broker_ext/partition_io.py `PartitionIO`)."""
+
+    topic: str
+    base_topic: str
+    partition: int
+    consumer_name: str
+    closed: bool
+
+    @property
+    def owner(self) -> bool: ...
+
+    @property
+    def wants_cursors(self) -> bool: ...
+
+    def cursors(self, polled: CursorsPolled) -> None: ...
+
+    def lost(self, owner: str) -> None: ...
+
+    def named_owner(self, polled: CursorsPolled) -> None: ...
+
+
+class CursorSource(Protocol):
+    """Where each cursor is: the admin API (`CursorPoller`) or the broker plugin (`PluginCursors`).
+
+    Partitions tell it what happened (`after`: an event, maybe a marker read; `owned`: it owns the
+    partition now) or ask (`request`: the cursors now); it answers with `partition.cursors(...)` or
+    `partition.lost(owner)` on the loop thread, whenever the cursors move.
+    """
+
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def add(self, partition: Followed) -> None: ...
+
+    def remove(self, partition: Followed) -> None: ...
+
+    def owned(self, partition: Followed) -> None: ...
+
+    def after(self, partition: Followed, marker_read: bool) -> None: ...
+
+    def request(self, partition: Followed) -> None: ...
