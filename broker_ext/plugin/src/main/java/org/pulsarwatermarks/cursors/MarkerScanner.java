@@ -15,8 +15,9 @@ import org.apache.pulsar.common.protocol.Commands;
 /**
  * Finds the watermark markers in an entry as the broker writes it: a message whose property {@code wm.marker}
  * names its kind, sent alone or inside a batch, compressed or not (docs/PROTOCOL.md). Every other message is
- * data: the entry's data messages are summed per entry (how many, the lowest event time) so the generator can
- * tell a producer that wrote below its own watermark without receiving a data message.
+ * data: the data messages between two markers of an entry are summed (how many, the lowest event time) so the
+ * generator can tell a producer that wrote below its own watermark without receiving a data message. What an
+ * entry holds is reported in its order: the data before a marker, the marker, the data after it.
  *
  * <p>Plain: JUnit tests it without a broker. Not thread-safe: it reuses one metadata object per field (the
  * broker's own way, no allocation per entry), so each thread that scans has its own scanner. The entry's
@@ -43,8 +44,11 @@ public final class MarkerScanner {
     public interface Sink {
         void marker(Marker marker);
 
-        /** The entry's data messages (not markers): how many, and the lowest event time ({@link #NO_EVENT_TIME}). */
-        void data(String producer, long ledgerId, long entryId, int messages, long lowestEventTime);
+        /**
+         * Data messages of the entry with no marker between them: how many, the batch index of the last one
+         * ({@code -1} for a message sent alone), and the lowest event time ({@link #NO_EVENT_TIME}: none).
+         */
+        void data(String producer, long ledgerId, long entryId, int lastBatchIndex, int messages, long lowestEventTime);
     }
 
     private final MessageMetadata metadata = new MessageMetadata();
@@ -68,7 +72,7 @@ public final class MarkerScanner {
         if (!metadata.hasNumMessagesInBatch()) {
             String kind = markerKind(metadata.getPropertiesCount(), metadata::getPropertyAt);
             if (kind == null) {
-                sink.data(producer, ledgerId, entryId, 1, eventTime(metadata.hasEventTime(), metadata.getEventTime()));
+                sink.data(producer, ledgerId, entryId, -1, 1, eventTime(metadata.hasEventTime(), metadata.getEventTime()));
                 return Outcome.DATA;
             }
             ByteBuf payload = null;
@@ -90,9 +94,10 @@ public final class MarkerScanner {
             boolean transactional, Sink sink) {
         int size = metadata.getNumMessagesInBatch();
         ByteBuf batch = null;
+        List<Runnable> reports = new ArrayList<>(2); // told once the whole batch read well: nothing of a malformed one
+        boolean markers = false;
         int data = 0;
         long lowest = NO_EVENT_TIME;
-        List<Marker> markers = null; // reported once the whole batch read well: none of a malformed one
         try {
             batch = uncompressed(buffer);
             for (int index = 0; index < size; index++) {
@@ -107,13 +112,17 @@ public final class MarkerScanner {
                     data++;
                     lowest = Math.min(lowest, eventTime(single.hasEventTime(), single.getEventTime()));
                     batch.skipBytes(payloadSize);
-                } else {
-                    if (markers == null) {
-                        markers = new ArrayList<>(2);
-                    }
-                    markers.add(new Marker(ledgerId, entryId, index, size, producer, kind, copy(batch, payloadSize),
-                            publishTime, transactional));
+                    continue;
                 }
+                if (data > 0) {
+                    reports.add(dataReport(sink, producer, ledgerId, entryId, index - 1, data, lowest));
+                    data = 0;
+                    lowest = NO_EVENT_TIME;
+                }
+                Marker marker = new Marker(ledgerId, entryId, index, size, producer, kind, copy(batch, payloadSize),
+                        publishTime, transactional);
+                reports.add(() -> sink.marker(marker));
+                markers = true;
             }
         } catch (Exception e) {
             return Outcome.MALFORMED;
@@ -121,13 +130,15 @@ public final class MarkerScanner {
             release(batch, buffer);
         }
         if (data > 0) {
-            sink.data(producer, ledgerId, entryId, data, lowest);
+            reports.add(dataReport(sink, producer, ledgerId, entryId, size - 1, data, lowest));
         }
-        if (markers == null) {
-            return Outcome.DATA;
-        }
-        markers.forEach(sink::marker);
-        return Outcome.MARKERS;
+        reports.forEach(Runnable::run);
+        return markers ? Outcome.MARKERS : Outcome.DATA;
+    }
+
+    private static Runnable dataReport(Sink sink, String producer, long ledgerId, long entryId, int lastBatchIndex,
+            int messages, long lowest) {
+        return () -> sink.data(producer, ledgerId, entryId, lastBatchIndex, messages, lowest);
     }
 
     /** The marker kind among a message's properties, or null for data. */

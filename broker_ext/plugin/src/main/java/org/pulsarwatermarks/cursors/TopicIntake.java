@@ -32,9 +32,12 @@ public final class TopicIntake {
         }
     }
 
-    /** Data entries from {@code first} to {@code last} with no marker between: per producer, a {@link Stretch}. */
-    public record DataFound(TopicCursors.Position first, TopicCursors.Position last, Map<String, Stretch> producers,
-            long seq) implements Found {}
+    /**
+     * Data from entry {@code first} to entry {@code last} (its message at {@code lastBatchIndex}, {@code -1} when
+     * sent alone) with no marker between: per producer, a {@link Stretch}.
+     */
+    public record DataFound(TopicCursors.Position first, TopicCursors.Position last, int lastBatchIndex,
+            Map<String, Stretch> producers, long seq) implements Found {}
 
     /** A producer's data messages in a stretch: how many, the lowest event time ({@link MarkerScanner#NO_EVENT_TIME}). */
     public record Stretch(long messages, long lowestEventTime) {
@@ -64,7 +67,8 @@ public final class TopicIntake {
         }
     }
 
-    public void data(String producer, long ledgerId, long entryId, long messages, long lowestEventTime, long seq) {
+    public void data(String producer, long ledgerId, long entryId, int lastBatchIndex, long messages,
+            long lowestEventTime, long seq) {
         TopicCursors.Position at = new TopicCursors.Position(ledgerId, entryId);
         if (!keeps(at)) {
             return;
@@ -74,9 +78,9 @@ public final class TopicIntake {
             producers.merge(producer, new Stretch(messages, lowestEventTime),
                     (before, more) -> before.plus(more.messages(), more.lowestEventTime()));
             found.pollLast();
-            found.addLast(new DataFound(stretch.first(), at, producers, seq));
+            found.addLast(new DataFound(stretch.first(), at, lastBatchIndex, producers, seq));
         } else {
-            add(new DataFound(at, at, Map.of(producer, new Stretch(messages, lowestEventTime)), seq));
+            add(new DataFound(at, at, lastBatchIndex, Map.of(producer, new Stretch(messages, lowestEventTime)), seq));
         }
     }
 

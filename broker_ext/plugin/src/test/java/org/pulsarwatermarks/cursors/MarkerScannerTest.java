@@ -32,19 +32,25 @@ class MarkerScannerTest {
         }
     }
 
-    /** What the scanner reported. */
+    /** What the scanner reported, and in which order. */
     static final class Found implements MarkerScanner.Sink {
         final List<MarkerScanner.Marker> markers = new ArrayList<>();
         final List<String> data = new ArrayList<>();
+        final List<String> order = new ArrayList<>();
 
         @Override
         public void marker(MarkerScanner.Marker marker) {
             markers.add(marker);
+            order.add(marker.kind());
         }
 
         @Override
-        public void data(String producer, long ledgerId, long entryId, int messages, long lowestEventTime) {
-            data.add(producer + "@" + ledgerId + ":" + entryId + " x" + messages + " >=" + lowestEventTime);
+        public void data(String producer, long ledgerId, long entryId, int lastBatchIndex, int messages,
+                long lowestEventTime) {
+            String text = producer + "@" + ledgerId + ":" + entryId + ":" + lastBatchIndex + " x" + messages + " >="
+                    + lowestEventTime;
+            data.add(text);
+            order.add("data");
         }
     }
 
@@ -130,11 +136,11 @@ class MarkerScannerTest {
     void dataSentAloneIsCountedWithItsEventTime() {
         Found found = scan(plain(Message.data(1234)), MarkerScanner.Outcome.DATA);
         assertEquals(List.of(), found.markers);
-        assertEquals(List.of("p1@5:9 x1 >=1234"), found.data);
+        assertEquals(List.of("p1@5:9:-1 x1 >=1234"), found.data);
     }
 
     @Test
-    void markersInsideABatchAreFoundAtTheirIndexAndTheDataBetweenIsSummed() {
+    void markersInsideABatchAreFoundAtTheirIndexAndTheDataBetweenIsSummedInOrder() {
         for (CompressionType compression : new CompressionType[] {
                 CompressionType.NONE, CompressionType.LZ4, CompressionType.ZLIB, CompressionType.ZSTD,
                 CompressionType.SNAPPY}) {
@@ -143,8 +149,10 @@ class MarkerScannerTest {
                     MarkerScanner.Outcome.MARKERS);
             assertEquals(List.of("W_SET#2/5 s", "W_IDLE#4/5 i"), found.markers.stream().map(MarkerScannerTest::text)
                     .toList(), compression.toString());
-            // an event time of 0 is none: it takes no part in the lowest
-            assertEquals(List.of("p1@5:9 x3 >=200"), found.data, compression.toString());
+            // an event time of 0 is none
+            assertEquals(List.of("p1@5:9:1 x2 >=200", "p1@5:9:3 x1 >=" + MarkerScanner.NO_EVENT_TIME), found.data,
+                    compression.toString());
+            assertEquals(List.of("data", "W_SET", "data", "W_IDLE"), found.order, compression.toString());
         }
     }
 
@@ -152,13 +160,13 @@ class MarkerScannerTest {
     void aBatchOfDataOnlyIsSummedOnce() {
         Found found = scan(batch(CompressionType.LZ4, Message.data(50), Message.data(40)), MarkerScanner.Outcome.DATA);
         assertEquals(List.of(), found.markers);
-        assertEquals(List.of("p1@5:9 x2 >=40"), found.data);
+        assertEquals(List.of("p1@5:9:1 x2 >=40"), found.data);
     }
 
     @Test
     void dataWithoutEventTimesReportsNone() {
         Found found = scan(batch(CompressionType.NONE, Message.data(0), Message.data(0)), MarkerScanner.Outcome.DATA);
-        assertEquals(List.of("p1@5:9 x2 >=" + MarkerScanner.NO_EVENT_TIME), found.data);
+        assertEquals(List.of("p1@5:9:1 x2 >=" + MarkerScanner.NO_EVENT_TIME), found.data);
     }
 
     @Test

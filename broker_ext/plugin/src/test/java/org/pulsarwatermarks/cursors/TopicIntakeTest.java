@@ -31,11 +31,11 @@ class TopicIntakeTest {
     @Test
     void markersAndTheDataBetweenComeInLogOrderTheDataOfAStretchSummedPerProducer() {
         TopicIntake intake = new TopicIntake(100);
-        intake.data("a", 5, 1, 10, 300, 1);
-        intake.data("b", 5, 2, 1, 250, 2);
-        intake.data("a", 5, 3, 5, 200, 3);
+        intake.data("a", 5, 1, -1, 10, 300, 1);
+        intake.data("b", 5, 2, -1, 1, 250, 2);
+        intake.data("a", 5, 3, -1, 5, 200, 3);
         intake.marker(marker(4, "a", "W_SET"), 4);
-        intake.data("a", 5, 5, 1, MarkerScanner.NO_EVENT_TIME, 5);
+        intake.data("a", 5, 5, -1, 1, MarkerScanner.NO_EVENT_TIME, 5);
         intake.scannedTo(new TopicCursors.Position(5, 6), 6);
         TopicIntake.Batch batch = intake.since(-1);
         assertEquals(List.of(
@@ -51,10 +51,10 @@ class TopicIntakeTest {
     void onlyWhatWasFoundSinceASequenceIsToldAndAStretchThatGrewIsToldWhole() {
         TopicIntake intake = new TopicIntake(100);
         intake.marker(marker(1, "a", "W_SET"), 1);
-        intake.data("a", 5, 2, 1, 10, 2);
+        intake.data("a", 5, 2, -1, 1, 10, 2);
         assertEquals(List.of("W_SET@1 by a", "data 5:2..5:2 {a=Stretch[messages=1, lowestEventTime=10]}"),
                 texts(intake.since(0)));
-        intake.data("a", 5, 3, 1, 5, 3);
+        intake.data("a", 5, 3, -1, 1, 5, 3);
         assertEquals(List.of("data 5:2..5:3 {a=Stretch[messages=2, lowestEventTime=5]}"), texts(intake.since(2)));
         assertEquals(List.of(), texts(intake.since(3)));
     }
@@ -63,7 +63,7 @@ class TopicIntakeTest {
     void whatTheGeneratorAcknowledgedIsForgottenAndARestartedGeneratorGetsTheRest() {
         TopicIntake intake = new TopicIntake(100);
         intake.marker(marker(1, "a", "W_SET"), 1);
-        intake.data("a", 5, 2, 1, 10, 2);
+        intake.data("a", 5, 2, -1, 1, 10, 2);
         intake.marker(marker(3, "a", "W_SET"), 3);
         intake.marker(marker(4, "b", "W_IDLE"), 4);
         intake.acknowledged(new TopicCursors.Position(5, 3));
@@ -95,16 +95,16 @@ class TopicIntakeTest {
         TopicIntake intake = new TopicIntake(100);
         intake.acknowledged(new TopicCursors.Position(5, 10));
         intake.marker(marker(9, "a", "W_SET"), 1); // scanned late (a generator acknowledged past it already)
-        intake.data("a", 5, 10, 1, 1, 2);
+        intake.data("a", 5, 10, -1, 1, 1, 2);
         assertEquals(0, intake.size());
     }
 
     @Test
     void theDataOfOneProducerInTwoStretchesIsNotMergedAcrossAMarker() {
         TopicIntake intake = new TopicIntake(100);
-        intake.data("a", 5, 1, 1, 10, 1);
+        intake.data("a", 5, 1, -1, 1, 10, 1);
         intake.marker(marker(2, "b", "W_SET"), 2);
-        intake.data("a", 5, 3, 1, 5, 3);
+        intake.data("a", 5, 3, -1, 1, 5, 3);
         Map<String, TopicIntake.Stretch> last = ((TopicIntake.DataFound) intake.since(-1).found().get(2)).producers();
         assertEquals(Map.of("a", new TopicIntake.Stretch(1, 5)), last);
     }
