@@ -469,18 +469,18 @@ class PartitionEngine:
         if position <= head_position:
             return
         marker = entry.marker
-        if marker is None or not marker.producer.startswith(SNAPSHOT_PRODUCER_PREFIX):
+        if marker is None:
+            f.messages_since_snapshot += entry.messages
+        elif not marker.producer.startswith(SNAPSHOT_PRODUCER_PREFIX):
             f.messages_since_snapshot += 1  # our own snapshots do not call for another one
         if position[0] > head_position[0]:
             self._note_ledger_start(f, position[0])
         if marker is None:
             f.log.advance_head(position)
-            if entry.event_time and is_broken_assertion(f.head, entry.producer, entry.event_time):
-                out.append(BrokenAssertion(entry.producer, entry.event_time, position))
-                if entry.producer not in self._broken_logged:
-                    self._broken_logged.add(entry.producer)
-                    log.warning("%s: producer %r sent event time %d below its own watermark at %s (a late message)",
-                                self.topic, entry.producer, entry.event_time, position)  # fmt: skip
+            if not entry.stretch:
+                self._judge(f, entry.producer, entry.event_time, position, out)
+            for producer, _, lowest in entry.stretch:
+                self._judge(f, producer, lowest, position, out)
         else:
             f.log.append(marker)
             f.head = f.head.apply(marker)
@@ -493,6 +493,15 @@ class PartitionEngine:
                 self._tell_head(position, f.head.watermark, out)
         if f.evaluate_at is not None and position[:2] >= f.evaluate_at:
             self._evaluate(f, now, out)
+
+    def _judge(self, f: Following, producer: str, event_time: int, position: Position, out: list[Command]) -> None:
+        """Data of `producer` at `event_time` (0: none): below its own latest W_SET, it broke its promise."""
+        if event_time and is_broken_assertion(f.head, producer, event_time):
+            out.append(BrokenAssertion(producer, event_time, position))
+            if producer not in self._broken_logged:
+                self._broken_logged.add(producer)
+                log.warning("%s: producer %r sent event time %d below its own watermark at %s (a late message)",
+                            self.topic, producer, event_time, position)  # fmt: skip
 
     def _tell_head(self, position: Position, watermark: int | None, out: list[Command]) -> None:
         """The head's watermark changed at `position`; held back (and told once claimed) while a claim is open."""

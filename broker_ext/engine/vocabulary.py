@@ -32,12 +32,22 @@ class EntryRead:
 
     A malformed marker is passed as data (the shell counts and logs it). `event_time` is the data
     message's event timestamp, 0 when it has none.
+
+    From the broker plugin's intake, data comes summed: `stretch` holds, per producer, how many data messages
+    and the lowest event time (0: none) since the entry before, with no marker between; `position` is the last
+    one's. The watermark changes only at markers, so the lowest judges every message of a stretch alike.
     """
 
     position: Position
     marker: Marker | None = None
     producer: str = ""
     event_time: int = 0
+    stretch: tuple[tuple[str, int, int], ...] = ()
+    """(producer, messages, lowest event time) of summed data; empty for one message (`producer`, `event_time`)."""
+
+    @property
+    def messages(self) -> int:
+        return sum(messages for _, messages, _ in self.stretch) if self.stretch else 1
 
 
 @dataclass(frozen=True)

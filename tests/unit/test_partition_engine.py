@@ -694,6 +694,21 @@ def test_broken_assertions_and_unusable_snapshots_are_reported_and_skipped() -> 
     assert MarkerFolded(position) in world.commands
 
 
+def test_data_summed_by_the_plugin_is_judged_by_its_lowest_and_counts_toward_the_next_snapshot() -> None:
+    """The broker plugin's intake hands data as stretches (per producer: messages, lowest event time) instead of
+    one entry per message: a producer is judged by its lowest, and every message counts toward a snapshot."""
+    world = World(config=EngineConfig(snapshot_interval_messages=10))
+    engine = first_owner(world)
+    marker_at = world.w_set("A", 100)
+    world.deliver()
+    world.commands.clear()
+    end = (marker_at[0], marker_at[1] + 3, 7)  # the last data message: index 7 of a batch three entries on
+    world.send(engine, EntryRead(end, stretch=(("A", 6, 50), ("B", 3, 10), ("C", 2, 0))))
+    assert of(world, BrokenAssertion) == [BrokenAssertion("A", 50, end)]  # B never promised; C said no time
+    assert engine.head_position == end
+    assert [w.state.position for w in of(world, WriteSnapshot) if w.periodic] == [end]  # 1 marker + 9 messages
+
+
 def test_a_partitions_table_names_its_base_topic_and_index() -> None:
     world = World()
     engine = PartitionEngine(f"{TOPIC}-partition-3", world.config)
