@@ -1,0 +1,77 @@
+"""What the broker plugin's intake hands over, as the engine's events (issue 47: not served by the plugin yet).
+
+The plugin reads each followed topic behind the writer and reports, in log order, the markers it found and the
+data between them summed per producer (its `TopicIntake`); this turns one topic's report into `EntryRead`s, the
+events a consumer's delivery would have given, with the same decoder (`decode_marker`). Pure: no I/O. The form,
+to go into docs/PROTOCOL.md section 10 once served:
+
+    {"found": [{"data": [ledger, entry, last batch index], "producers": {name: [messages, lowest or null]}},
+               {"marker": kind, "at": [ledger, entry, batch index], "producer": name, "payload": base64,
+                "publishTime": ms, "txn": bool}, ...],
+     "scannedTo": [ledger, entry], "overflowed": bool}
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from broker_ext.engine.vocabulary import EntryRead
+from watermark_core.protocol import MARKER_PROPERTY, MalformedMarker, Position, decode_marker, position_of
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A marker the plugin found that does not decode: counted and logged by the shell, followed as data."""
+
+    error: MalformedMarker
+    producer: str
+    position: Position
+
+
+@dataclass(frozen=True)
+class IntakeReport:
+    """One topic's findings since the generator's last answer."""
+
+    entries: tuple[EntryRead, ...]
+    malformed: tuple[Malformed, ...]
+    scanned_to: tuple[int, int]
+    """Every entry up to here was read (with or without something found)."""
+    overflowed: bool
+    """The plugin keeps nothing more for this topic: the generator is too far behind and reads the log itself."""
+
+
+def intake_report(report: Mapping[str, Any]) -> IntakeReport:
+    """The `intake` of one topic in the plugin's answer as events; `ValueError` for an answer of another shape."""
+    entries: list[EntryRead] = []
+    malformed: list[Malformed] = []
+    try:
+        for found in report.get("found") or ():
+            if "marker" in found:
+                ledger, entry, batch = found["at"]
+                position = position_of(ledger, entry, batch)
+                producer = str(found["producer"])
+                try:
+                    marker = decode_marker(
+                        {MARKER_PROPERTY: found["marker"]}, base64.b64decode(found["payload"]), producer, position,
+                        int(found["publishTime"]),
+                    )  # fmt: skip
+                except MalformedMarker as exc:
+                    malformed.append(Malformed(exc, producer, position))
+                    entries.append(EntryRead(position, None, producer, 0))
+                    continue
+                entries.append(EntryRead(position, marker))
+            else:
+                ledger, entry, batch = found["data"]
+                stretch = tuple(
+                    (str(producer), int(messages), int(lowest or 0))
+                    for producer, (messages, lowest) in sorted(found["producers"].items())
+                )  # fmt: skip
+                entries.append(EntryRead(position_of(ledger, entry, batch), stretch=stretch))
+        scanned = report.get("scannedTo") or (-1, -1)
+        return IntakeReport(tuple(entries), tuple(malformed), (int(scanned[0]), int(scanned[1])),
+                            bool(report.get("overflowed")))  # fmt: skip
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"the plugin's intake report is not of this generator's version ({exc!r})") from exc

@@ -1,0 +1,51 @@
+"""The plugin's intake report as the engine's events (no broker)."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from broker_ext.engine.vocabulary import EntryRead
+from broker_ext.intake.plugin_stream import intake_report
+from watermark_core.protocol import MarkerKind, encode_idle, encode_set
+
+pytestmark = pytest.mark.unit
+
+
+def _marker(kind: str, payload: bytes, at: list[int], producer: str = "p1") -> dict[str, object]:
+    return {"marker": kind, "at": at, "producer": producer, "payload": base64.b64encode(payload).decode(),
+            "publishTime": 1_700_000_000_123, "txn": False}  # fmt: skip
+
+
+def test_markers_and_the_data_between_become_entries_in_log_order() -> None:
+    report = intake_report({
+        "found": [
+            {"data": [5, 3, -1], "producers": {"b": [1, 250], "a": [15, 200]}},
+            _marker("W_SET", encode_set(1_000), [5, 4, 2]),
+            {"data": [5, 4, 4], "producers": {"p1": [2, None]}},
+            _marker("W_IDLE", encode_idle(), [5, 6, -1]),
+        ],
+        "scannedTo": [5, 7],
+        "overflowed": False,
+    })  # fmt: skip
+    first, w_set, data, w_idle = report.entries
+    assert first == EntryRead((5, 3, -1), stretch=(("a", 15, 200), ("b", 1, 250)))
+    assert w_set.position == (5, 4, 2) and w_set.marker is not None and w_set.marker.kind is MarkerKind.W_SET
+    assert w_set.marker.event_time == 1_000 and w_set.marker.producer == "p1"
+    assert w_set.marker.publish_time == 1_700_000_000_123
+    assert data == EntryRead((5, 4, 4), stretch=(("p1", 2, 0),))  # no event time: 0, as a consumer reads it
+    assert w_idle.marker is not None and w_idle.marker.kind is MarkerKind.W_IDLE
+    assert report.scanned_to == (5, 7) and not report.overflowed and not report.malformed
+
+
+def test_a_marker_that_does_not_decode_is_followed_as_data_and_reported() -> None:
+    report = intake_report({"found": [_marker("W_SET", b"\xc1not msgpack", [5, 1, -1])], "scannedTo": [5, 1]})
+    assert report.entries == (EntryRead((5, 1, -1), None, "p1", 0),)
+    (bad,) = report.malformed
+    assert bad.position == (5, 1, -1) and bad.producer == "p1"
+
+
+def test_an_answer_of_another_shape_names_the_version() -> None:
+    with pytest.raises(ValueError, match="not of this generator's version"):
+        intake_report({"found": [{"data": [5, 1]}]})
