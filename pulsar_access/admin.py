@@ -283,6 +283,15 @@ class PulsarAdmin:
         except AdminError:
             return False
 
+    def create_tenant(self, tenant: str, admin_roles: Sequence[str] = ()) -> None:
+        """Create `tenant` on every cluster of this instance unless it exists; needs a super user."""
+        body = {"adminRoles": list(admin_roles), "allowedClusters": list(self._call("GET", "clusters") or [])}
+        try:
+            self._call("PUT", f"tenants/{quote(tenant, safe='')}", json=body)
+        except AdminError as exc:
+            if exc.status != 409:
+                raise
+
     def create_namespace(self, namespace: str) -> None:
         """Create `tenant/namespace` unless it exists."""
         try:
@@ -442,6 +451,10 @@ class PulsarAdmin:
         params = {"destinationBroker": destination} if destination else None
         self._call("PUT", f"namespaces/{namespace}/{bundle}/unload", params=params)
 
+    def unload_namespace(self, namespace: str) -> None:
+        """Unload every topic of `namespace` from the brokers serving them (each loads again at its next client)."""
+        self._call("PUT", f"namespaces/{namespace}/unload")
+
     def split_bundle(self, namespace: str, bundle: str) -> None:
         """Split a bundle in two, and unload both halves (the load manager places them again)."""
         self._call("PUT", f"namespaces/{namespace}/{bundle}/split", params={"unload": "true"})
@@ -515,9 +528,16 @@ class PulsarAdmin:
         if response.status == 404:
             raise PluginMissing(f"{url} answered 404", 404)
         if response.status in (401, 403):
+            said = body.decode("utf-8", "replace").strip() if response.getheader("Content-Type", "").startswith(
+                "text/plain") else ""  # fmt: skip
             raise PluginMissing(
-                f"{url} refused the generator's role ({response.status}): the plugin lets in super-users and "
-                "the role that may produce to the watermark namespace (docs/SECURITY.md)",
+                f"{url} refused the generator's role ({response.status}): "
+                + (
+                    said
+                    or "the plugin lets in super-users and the role that may produce to the watermark namespace, "
+                    "for the namespaces where it may consume"
+                )
+                + " (docs/SECURITY.md)",
                 response.status,
             )
         if response.status >= 400:

@@ -3,15 +3,18 @@ package org.pulsarwatermarks.cursors;
 import java.util.function.BooleanSupplier;
 
 /**
- * Who may read the cursors: the generator's role and super-users, nobody else.
+ * Who may read the cursors, and of which namespaces: super-users every namespace, the generator's role those
+ * where it may consume ({@link Grants}), nobody else anything.
  *
  * <p>The broker authenticates a plugin servlet's requests but does not authorize them, so this does.
  * The generator's least-privilege role is the only one but super-users that may write to the
- * watermark namespace (only the generator may publish watermarks), so that permission is the test:
+ * watermark namespace (only the generator may publish watermarks), so that permission is the door:
  * an application role, which may consume the data topics and read the watermark namespace, is refused.
+ * Past the door a role is told only of the namespaces where it may consume, as it would be through the
+ * admin API: it must consume there anyway to follow them.
  */
 public final class Access {
-    public enum Verdict { ALLOWED, UNAUTHENTICATED, FORBIDDEN }
+    public enum Verdict { EVERY_NAMESPACE, NAMESPACES_IT_MAY_CONSUME, UNAUTHENTICATED, FORBIDDEN }
 
     private Access() {}
 
@@ -29,14 +32,14 @@ public final class Access {
             BooleanSupplier superUser,
             BooleanSupplier mayWriteWatermarks) {
         if (!authenticationEnabled) {
-            return Verdict.ALLOWED; // a broker open to everyone: its admin API tells the same positions
+            return Verdict.EVERY_NAMESPACE; // a broker open to everyone: its admin API tells the same positions
         }
         if (role == null) {
             return Verdict.UNAUTHENTICATED;
         }
-        if (!authorizationEnabled || superUser.getAsBoolean() || mayWriteWatermarks.getAsBoolean()) {
-            return Verdict.ALLOWED;
+        if (!authorizationEnabled || superUser.getAsBoolean()) {
+            return Verdict.EVERY_NAMESPACE;
         }
-        return Verdict.FORBIDDEN;
+        return mayWriteWatermarks.getAsBoolean() ? Verdict.NAMESPACES_IT_MAY_CONSUME : Verdict.FORBIDDEN;
     }
 }

@@ -119,14 +119,25 @@ public final class CursorReport {
 
     /** A producer or consumer appeared on {@code topic}, which no generator follows yet. */
     public void announce(String topic) {
+        announce(List.of(topic));
+    }
+
+    /** Like {@link #announce(String)} for each of {@code topics}, and one change for the listener. */
+    public void announce(java.util.Collection<String> topics) {
         Runnable listener;
         synchronized (this) {
-            Entry entry = topics.get(topic);
-            if (entry != null && entry.cursors != null) {
-                return; // followed already
+            long before = seq;
+            for (String topic : topics) {
+                Entry entry = this.topics.get(topic);
+                if (entry != null && entry.cursors != null) {
+                    continue; // followed already
+                }
+                fresh.remove(topic);
+                fresh.put(topic, ++seq);
             }
-            fresh.remove(topic);
-            fresh.put(topic, ++seq);
+            if (seq == before) {
+                return;
+            }
             listener = onChange;
             notifyAll();
         }

@@ -3,7 +3,10 @@ package org.pulsarwatermarks.cursors;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.Queue;
+import java.util.Set;
 import java.util.concurrent.ConcurrentLinkedQueue;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.function.Consumer;
@@ -24,7 +27,9 @@ import org.apache.pulsar.broker.intercept.BrokerInterceptors;
 import org.apache.pulsar.broker.web.AuthenticationFilter;
 import org.apache.pulsar.broker.web.plugin.servlet.AdditionalServletWithPulsarService;
 import org.apache.pulsar.common.configuration.PulsarConfiguration;
+import org.apache.pulsar.common.naming.NamespaceName;
 import org.apache.pulsar.common.naming.TopicName;
+import org.apache.pulsar.common.policies.data.NamespaceOperation;
 import org.eclipse.jetty.servlet.ServletHolder;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -34,21 +39,68 @@ import org.slf4j.LoggerFactory;
  * since sequence {@code N} of run {@code E}, answered at once when there are some, else when the
  * first comes or after {@code T} ms (a long poll that holds no Jetty thread while it waits).
  * Wire format and settings: docs/PROTOCOL.md, "The broker plugin".
+ *
+ * <p>Waiting polls are answered on a thread of the plugin's own ({@code watermark-cursors-answers}), woken once
+ * per burst of changes, never on the thread that changed the report (the tracker's) nor on a broker's.
+ * Who may read what: {@link Access} at the door, then {@link Grants} per namespace.
  */
 public final class CursorServlet extends HttpServlet implements AdditionalServletWithPulsarService {
     static final String BASE_PATH = "/watermark-cursors";
     private static final long MAX_WAIT_MS = 30_000;
+    /** How long a verdict of the broker's authorization is trusted: a revoked grant counts within it. */
+    private static final long GRANT_TTL_MS = 10_000;
+    private static final long CHECK_TIMEOUT_S = 10;
+    /** A namespace a generator named in a long poll counts as followed this long after (several polls' time). */
+    private static final long FOLLOWED_FOR_MS = 3 * MAX_WAIT_MS;
+    private static final int MAX_FRESH_WAITING = 10_000;
     private static final Logger log = LoggerFactory.getLogger(CursorServlet.class);
 
     private final CursorReport report = new CursorReport();
+    private final FreshTopics fresh = new FreshTopics(System::currentTimeMillis, FOLLOWED_FOR_MS, MAX_FRESH_WAITING);
     private final Queue<Waiter> waiters = new ConcurrentLinkedQueue<>();
+    private final AtomicBoolean wakeAsked = new AtomicBoolean();
+    private final ScheduledThreadPoolExecutor answers = answerThread();
     private long sweepIntervalMs = 2000;
     private String watermarkNamespace = "public/__watermarks";
     private PulsarService pulsar;
     private CursorTracker tracker;
+    private Grants<AuthenticationDataSource> consume;
+    private Grants<AuthenticationDataSource> produce;
 
-    private record Waiter(
-            AsyncContext context, String epoch, long since, Predicate<String> wanted, AtomicBoolean done) {}
+    /** What one request may be told: the report's changes since a sequence number, filtered for its role. */
+    private interface View {
+        Changes since(String epoch, long since);
+    }
+
+    private static final class Waiter {
+        final AsyncContext context;
+        final String epoch;
+        final long since;
+        final View view;
+        final AtomicBoolean done = new AtomicBoolean();
+        volatile ScheduledFuture<?> timeout;
+
+        Waiter(AsyncContext context, String epoch, long since, View view) {
+            this.context = context;
+            this.epoch = epoch;
+            this.since = since;
+            this.view = view;
+        }
+
+        Changes changes() {
+            return view.since(epoch, since);
+        }
+    }
+
+    private static ScheduledThreadPoolExecutor answerThread() {
+        ScheduledThreadPoolExecutor executor = new ScheduledThreadPoolExecutor(1, runnable -> {
+            Thread t = new Thread(runnable, "watermark-cursors-answers");
+            t.setDaemon(true);
+            return t;
+        });
+        executor.setRemoveOnCancelPolicy(true); // a poll answered early takes its timeout with it
+        return executor;
+    }
 
     @Override
     public void loadConfig(PulsarConfiguration config) {
@@ -60,8 +112,18 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
     @Override
     public void setPulsarService(PulsarService pulsar) {
         this.pulsar = pulsar;
-        report.onChange(this::wakeWaiters);
-        tracker = new CursorTracker(pulsar.getBrokerService(), report, sweepIntervalMs, this::announceable);
+        AuthorizationService authorization = pulsar.getBrokerService().getAuthorizationService();
+        // Pulsar 4.0.7's PulsarAuthorizationProvider lets a namespace's UNSUBSCRIBE to super-users, the tenant's
+        // admins and a role granted consume there (or by a wildcard): "may consume in the namespace"
+        consume = new Grants<>((role, namespace, data) -> Boolean.TRUE.equals(logged(role, namespace,
+                () -> authorization.allowNamespaceOperationAsync(NamespaceName.get(namespace),
+                        NamespaceOperation.UNSUBSCRIBE, role, data).get(CHECK_TIMEOUT_S, TimeUnit.SECONDS))),
+                System::currentTimeMillis, GRANT_TTL_MS, 10_000);
+        produce = new Grants<>((role, namespace, data) -> Boolean.TRUE.equals(logged(role, namespace,
+                () -> authorization.canProduce(TopicName.get("persistent://" + namespace + "/__watermark_cursors"),
+                        role, data))), System::currentTimeMillis, GRANT_TTL_MS, 10_000);
+        report.onChange(this::wakeSoon);
+        tracker = new CursorTracker(pulsar.getBrokerService(), report, sweepIntervalMs, this::announceable, fresh);
         if (!connectInterceptor(pulsar.getBrokerInterceptor(), tracker::touched)) {
             log.warn("watermark-cursors: the interceptor of this NAR is not loaded (add watermark-cursors to "
                     + "brokerInterceptors): cursor moves are seen by the sweep only, every {} ms", sweepIntervalMs);
@@ -113,19 +175,17 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
         if (tracker != null) {
             tracker.close();
         }
+        answers.shutdownNow();
     }
 
     @Override
     protected void doGet(HttpServletRequest request, HttpServletResponse response) throws IOException {
-        if (!allowed(request, response)) {
-            return;
-        }
         String epoch = request.getParameter("epoch") == null ? "" : request.getParameter("epoch");
         long since;
         long timeoutMs;
-        Predicate<String> wanted;
+        Set<String> named;
         try {
-            wanted = Namespaces.parse(request.getParameter("namespaces"));
+            named = Namespaces.names(request.getParameter("namespaces"));
             since = Long.parseLong(request.getParameter("since") == null ? "-1" : request.getParameter("since"));
             timeoutMs = Math.min(MAX_WAIT_MS, Math.max(0, Long.parseLong(
                     request.getParameter("timeoutMs") == null ? "0" : request.getParameter("timeoutMs"))));
@@ -136,61 +196,85 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
             response.sendError(HttpServletResponse.SC_BAD_REQUEST, "namespaces: " + e.getMessage());
             return;
         }
-        Changes changes = report.since(epoch, since, wanted);
-        if (!changes.isEmpty() || timeoutMs == 0) {
+        View view = view(request, response, named);
+        if (view == null) {
+            return; // refused
+        }
+        fresh.followed(named); // new topics of these namespaces are announced from now on
+        Changes changes = view.since(epoch, since);
+        if (!changes.isEmpty() || timeoutMs == 0 || !request.isAsyncSupported()) {
             write(response, changes);
-        } else if (request.isAsyncSupported()) {
-            AsyncContext context = request.startAsync();
-            context.setTimeout(timeoutMs);
-            Waiter waiter = new Waiter(context, epoch, since, wanted, new AtomicBoolean());
-            context.addListener(new AsyncListener() {
-                @Override
-                public void onTimeout(AsyncEvent event) throws IOException {
-                    answer(waiter, report.since(waiter.epoch(), waiter.since(), waiter.wanted()));
-                }
+            return;
+        }
+        AsyncContext context = request.startAsync();
+        context.setTimeout(timeoutMs + CHECK_TIMEOUT_S * 1000); // a backstop: the answer thread answers at timeoutMs
+        Waiter waiter = new Waiter(context, epoch, since, view);
+        context.addListener(new AsyncListener() {
+            @Override
+            public void onTimeout(AsyncEvent event) throws IOException {
+                answer(waiter, waiter.changes());
+            }
 
-                @Override
-                public void onComplete(AsyncEvent event) {}
+            @Override
+            public void onComplete(AsyncEvent event) {}
 
-                @Override
-                public void onError(AsyncEvent event) {
-                    waiter.done().set(true);
-                    waiters.remove(waiter);
-                }
+            @Override
+            public void onError(AsyncEvent event) {
+                waiter.done.set(true);
+                waiters.remove(waiter);
+            }
 
-                @Override
-                public void onStartAsync(AsyncEvent event) {}
-            });
-            waiters.add(waiter);
-            wakeWaiters(); // a change between since() and add() must not wait for the next one
-        } else {
+            @Override
+            public void onStartAsync(AsyncEvent event) {}
+        });
+        waiters.add(waiter);
+        waiter.timeout = answers.schedule(() -> answerQuietly(waiter, waiter.changes()), timeoutMs,
+                TimeUnit.MILLISECONDS);
+        wakeSoon(); // a change between since() and add() must not wait for the next one
+    }
+
+    /** Any thread: have the answer thread look at every waiting poll, once for a burst of changes. */
+    private void wakeSoon() {
+        if (wakeAsked.compareAndSet(false, true)) {
             try {
-                write(response, report.await(epoch, since, wanted, timeoutMs));
-            } catch (InterruptedException e) {
-                Thread.currentThread().interrupt();
-                response.sendError(HttpServletResponse.SC_SERVICE_UNAVAILABLE);
+                answers.execute(this::wakeWaiters);
+            } catch (java.util.concurrent.RejectedExecutionException e) {
+                // closing
             }
         }
     }
 
     private void wakeWaiters() {
+        wakeAsked.set(false); // before looking: a change from now on asks for another look
         for (Waiter waiter : waiters) {
-            Changes changes = report.since(waiter.epoch(), waiter.since(), waiter.wanted());
-            if (!changes.isEmpty()) {
-                try {
-                    answer(waiter, changes);
-                } catch (IOException | RuntimeException e) {
-                    log.debug("watermark-cursors: answering a waiting generator failed", e);
+            try {
+                Changes changes = waiter.changes();
+                if (!changes.isEmpty()) {
+                    answerQuietly(waiter, changes);
                 }
+            } catch (RuntimeException e) {
+                log.warn("watermark-cursors: looking at a waiting poll failed; its timeout answers it", e);
             }
         }
     }
 
+    private void answerQuietly(Waiter waiter, Changes changes) {
+        try {
+            answer(waiter, changes);
+        } catch (IOException | RuntimeException e) {
+            log.debug("watermark-cursors: answering a waiting generator failed", e);
+        }
+    }
+
     private void answer(Waiter waiter, Changes changes) throws IOException {
-        if (waiter.done().compareAndSet(false, true)) {
+        if (waiter.done.compareAndSet(false, true)) {
             waiters.remove(waiter);
-            write((HttpServletResponse) waiter.context().getResponse(), changes);
-            waiter.context().complete();
+            ScheduledFuture<?> timeout = waiter.timeout;
+            if (timeout != null) {
+                timeout.cancel(false);
+            }
+            write((HttpServletResponse) waiter.context.getResponse(), changes);
+            waiter.context.complete();
         }
     }
 
@@ -203,30 +287,64 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
         response.flushBuffer();
     }
 
-    private boolean allowed(HttpServletRequest request, HttpServletResponse response) throws IOException {
+    /** What the request's role may be told of the namespaces it named (none: every one), or null once refused. */
+    private View view(HttpServletRequest request, HttpServletResponse response, Set<String> named) throws IOException {
         ServiceConfiguration config = pulsar.getConfiguration();
         String role = (String) request.getAttribute(AuthenticationFilter.AuthenticatedRoleAttributeName);
         AuthenticationDataSource data =
                 (AuthenticationDataSource) request.getAttribute(AuthenticationFilter.AuthenticatedDataAttributeName);
         AuthorizationService authorization = pulsar.getBrokerService().getAuthorizationService();
-        TopicName watermarks = TopicName.get("persistent://" + watermarkNamespace + "/__watermark_cursors");
         Access.Verdict verdict = Access.decide(config.isAuthenticationEnabled(), config.isAuthorizationEnabled(), role,
-                () -> ask(() -> authorization.isSuperUser(role, data).get(10, TimeUnit.SECONDS)),
-                () -> ask(() -> authorization.canProduce(watermarks, role, data)));
+                () -> ask(() -> authorization.isSuperUser(role, data).get(CHECK_TIMEOUT_S, TimeUnit.SECONDS)),
+                () -> produce.allowed(role, watermarkNamespace, data));
+        Predicate<String> wanted = Namespaces.wanted(named);
         switch (verdict) {
-            case ALLOWED -> {
-                return true;
+            case EVERY_NAMESPACE -> {
+                return (epoch, since) -> report.since(epoch, since, wanted);
             }
-            case UNAUTHENTICATED -> response.sendError(HttpServletResponse.SC_UNAUTHORIZED,
+            case NAMESPACES_IT_MAY_CONSUME -> {
+                String refused = consume.firstRefused(role, named, data);
+                if (refused == null) {
+                    return named.isEmpty()
+                            ? (epoch, since) -> consume.visible(role, data, wanted,
+                                    allowed -> report.since(epoch, since, allowed))
+                            : (epoch, since) -> report.since(epoch, since, wanted); // each one checked just now
+                }
+                refuse(response, HttpServletResponse.SC_FORBIDDEN, "role " + role + " may not consume in namespace "
+                        + refused + ", so the plugin does not tell it of that namespace's topics: grant it "
+                        + "(pulsar-admin namespaces grant-permission " + refused + " --role " + role
+                        + " --actions produce,consume) or leave " + refused + " out of the namespaces it follows");
+            }
+            case UNAUTHENTICATED -> refuse(response, HttpServletResponse.SC_UNAUTHORIZED,
                     "authenticate as the watermark generator's role");
-            default -> response.sendError(HttpServletResponse.SC_FORBIDDEN, "role " + role + " may not read cursor "
+            default -> refuse(response, HttpServletResponse.SC_FORBIDDEN, "role " + role + " may not read cursor "
                     + "positions: only super-users and a role that may produce to " + watermarkNamespace + " may");
         }
-        return false;
+        return null;
+    }
+
+    /** A refusal the generator's log can quote: one line of plain text. */
+    private static void refuse(HttpServletResponse response, int status, String why) throws IOException {
+        byte[] body = (why + "\n").getBytes(StandardCharsets.UTF_8);
+        response.setStatus(status);
+        response.setContentType("text/plain; charset=utf-8");
+        response.setContentLength(body.length);
+        response.getOutputStream().write(body);
+        response.flushBuffer();
     }
 
     private interface Check {
         Boolean run() throws Exception;
+    }
+
+    /** The broker's answer; a failure is logged, then thrown (the verdict is then not remembered). */
+    private static Boolean logged(String role, String namespace, Check check) throws Exception {
+        try {
+            return check.run();
+        } catch (Exception e) {
+            log.warn("watermark-cursors: checking what role {} may do in {} failed; refusing", role, namespace, e);
+            throw e;
+        }
     }
 
     private static boolean ask(Check check) {

@@ -42,12 +42,14 @@ final class CursorTracker implements AutoCloseable {
     private final AtomicBoolean readScheduled = new AtomicBoolean();
 
     private final java.util.function.Predicate<String> announceable;
+    private final FreshTopics fresh;
 
     CursorTracker(BrokerService broker, CursorReport report, long sweepIntervalMs,
-            java.util.function.Predicate<String> announceable) {
+            java.util.function.Predicate<String> announceable, FreshTopics fresh) {
         this.broker = broker;
         this.report = report;
         this.announceable = announceable;
+        this.fresh = fresh;
         this.thread = Executors.newSingleThreadScheduledExecutor(runnable -> {
             Thread t = new Thread(runnable, "watermark-cursors");
             t.setDaemon(true);
@@ -56,12 +58,11 @@ final class CursorTracker implements AutoCloseable {
         thread.scheduleWithFixedDelay(this::sweep, 0, sweepIntervalMs, TimeUnit.MILLISECONDS);
     }
 
-    /** From the broker's threads: {@code topic} may have moved, or {@link #EVERYTHING}. Cheap. */
+    /** From the broker's threads: {@code topic} may have moved, or {@link #EVERYTHING}. O(1), never blocks. */
     void touched(String topic) {
         if (topic.startsWith(FRESH)) {
-            String name = topic.substring(FRESH.length());
-            if (announceable.test(name)) {
-                report.announce(name);
+            if (fresh.offer(topic.substring(FRESH.length()))) { // O(1), no lock: a reconnect storm calls it per producer
+                thread.execute(this::announceFresh);
             }
             return;
         }
@@ -81,6 +82,17 @@ final class CursorTracker implements AutoCloseable {
         touched.add(topic);
         if (readScheduled.compareAndSet(false, true)) {
             thread.schedule(this::readTouched, COALESCE_MS, TimeUnit.MILLISECONDS);
+        }
+    }
+
+    /** New topics of namespaces some generator follows, to the report in one change (which wakes the polls). */
+    private void announceFresh() {
+        try {
+            java.util.List<String> topics = fresh.drain();
+            topics.removeIf(topic -> !announceable.test(topic));
+            report.announce(topics);
+        } catch (RuntimeException e) {
+            log.warn("watermark-cursors: announcing new topics failed; generators find them at their next look", e);
         }
     }
 

@@ -1,6 +1,5 @@
 package org.pulsarwatermarks.cursors;
 
-import java.util.HashSet;
 import java.util.Set;
 import java.util.function.Predicate;
 
@@ -15,10 +14,15 @@ public final class Namespaces {
     private Namespaces() {}
 
     public static Predicate<String> parse(String parameter) {
+        return wanted(names(parameter));
+    }
+
+    /** The namespaces the parameter names, in its order; empty: every namespace. */
+    public static Set<String> names(String parameter) {
+        Set<String> wanted = new java.util.LinkedHashSet<>();
         if (parameter == null || parameter.isBlank()) {
-            return topic -> true;
+            return wanted;
         }
-        Set<String> wanted = new HashSet<>();
         for (String namespace : parameter.split(",")) {
             String name = namespace.strip();
             int slash = name.indexOf('/');
@@ -27,7 +31,12 @@ public final class Namespaces {
             }
             wanted.add(name);
         }
-        return topic -> wanted.contains(namespaceOf(topic));
+        return wanted;
+    }
+
+    /** The topics of {@code names} (empty: every topic). */
+    public static Predicate<String> wanted(Set<String> names) {
+        return names.isEmpty() ? topic -> true : topic -> names.contains(namespaceOf(topic));
     }
 
     /** "tenant/ns" of "persistent://tenant/ns/local", null for anything else. */

@@ -9,8 +9,8 @@ class AccessTest {
     private static final java.util.function.BooleanSupplier NO = () -> false;
 
     @Test
-    void anOpenBrokerLetsEveryoneRead() {
-        assertEquals(Access.Verdict.ALLOWED, Access.decide(false, false, null, NO, NO));
+    void anOpenBrokerLetsEveryoneReadEveryNamespace() {
+        assertEquals(Access.Verdict.EVERY_NAMESPACE, Access.decide(false, false, null, NO, NO));
     }
 
     @Test
@@ -19,14 +19,14 @@ class AccessTest {
     }
 
     @Test
-    void theGeneratorsRoleAndSuperUsersMayReadOthersMayNot() {
-        assertEquals(Access.Verdict.ALLOWED, Access.decide(true, true, "generator", NO, YES));
-        assertEquals(Access.Verdict.ALLOWED, Access.decide(true, true, "admin", YES, NO));
+    void superUsersReadEveryNamespaceTheGeneratorsRoleThoseItMayConsumeOthersNothing() {
+        assertEquals(Access.Verdict.EVERY_NAMESPACE, Access.decide(true, true, "admin", YES, NO));
+        assertEquals(Access.Verdict.NAMESPACES_IT_MAY_CONSUME, Access.decide(true, true, "generator", NO, YES));
         assertEquals(Access.Verdict.FORBIDDEN, Access.decide(true, true, "client", NO, NO));
     }
 
     @Test
-    void authenticationWithoutAuthorizationLetsAnyAuthenticatedRoleRead() {
-        assertEquals(Access.Verdict.ALLOWED, Access.decide(true, false, "client", NO, NO));
+    void authenticationWithoutAuthorizationLetsAnyAuthenticatedRoleReadEveryNamespace() {
+        assertEquals(Access.Verdict.EVERY_NAMESPACE, Access.decide(true, false, "client", NO, NO));
     }
 }

@@ -190,4 +190,20 @@ class CursorReportTest {
         assertThrows(IllegalArgumentException.class, () -> Namespaces.parse("x"));
         assertThrows(IllegalArgumentException.class, () -> Namespaces.parse("x/y/z"));
     }
+
+    @Test
+    void topicsAnnouncedTogetherAreOneChangeForListenersAndEachHasItsSequence() {
+        CursorReport report = new CursorReport("run", 10);
+        int[] heard = {0};
+        report.onChange(() -> heard[0]++);
+        long known = report.since("run", -1).seq();
+        report.announce(List.of("a", "b", "c"));
+        assertEquals(1, heard[0]);
+        Changes changes = report.since("run", known);
+        assertEquals(List.of("a", "b", "c"), changes.fresh());
+        assertEquals(known + 3, changes.seq());
+        assertEquals(List.of("c"), report.since("run", known + 2).fresh());
+        report.announce(List.of());
+        assertEquals(1, heard[0]); // nothing announced: no change
+    }
 }
