@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 
+import orjson
 import pytest
 
 from broker_ext.engine.vocabulary import EntryRead
@@ -49,3 +50,17 @@ def test_a_marker_that_does_not_decode_is_followed_as_data_and_reported() -> Non
 def test_an_answer_of_another_shape_names_the_version() -> None:
     with pytest.raises(ValueError, match="not of this generator's version"):
         intake_report({"found": [{"data": [5, 1]}]})
+
+
+def test_the_plugins_own_rendering_reads_back() -> None:
+    """The string IntakeJsonTest.java asserts the plugin renders: the two sides agree on the form."""
+    rendered = (
+        '{"found":[{"data":[5,3,-1],"producers":{"a":[15,200],"b":[1,null]}},'
+        '{"marker":"W_SET","at":[5,4,2],"producer":"p\\"1","payload":"gaE=",'
+        '"publishTime":1700000000123,"txn":true}],"scannedTo":[5,6],"overflowed":false}'
+    )
+    report = intake_report(orjson.loads(rendered))
+    assert report.entries[0] == EntryRead((5, 3, -1), stretch=(("a", 15, 200), ("b", 1, 0)))
+    assert report.entries[1].position == (5, 4, 2) and report.entries[1].producer == 'p"1'
+    assert report.malformed  # the payload there is two bytes of no marker: followed as data
+    assert report.scanned_to == (5, 6)
