@@ -549,7 +549,7 @@ class PulsarAdmin:
         """The Prometheus text of one broker (`/metrics/`; default: the admin URL in use): every topic it serves,
         megabytes.
 
-        The generator reads each subscription's last mark-delete advance from it (broker_ext/ack_watch.py).
+        The generator reads each subscription's last mark-delete advance from it (broker_ext/intake/ack_watch.py).
         """
         url = f"{base_url or self.base_url}/metrics/"
         try:
