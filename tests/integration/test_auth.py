@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import msgpack
 import pulsar
@@ -560,3 +560,56 @@ def test_the_broker_plugin_lets_in_the_generators_role_and_super_users_and_refus
     assert refused == {None: 401, CLIENT_ROLE: 403, "nobody": 403}
     # and the generator with least permissions took its positions from the plugin
     assert "cursor positions come from the broker plugin" in auth_cluster.generator.log_text()
+
+
+def test_the_broker_plugin_tells_a_role_only_of_the_namespaces_where_it_may_consume(
+    auth_cluster: AuthCluster, watermarked_topic: tuple[str, Recorder]
+) -> None:
+    """A second tenant whose namespace the generator's role may not consume: naming it is refused (403, naming the
+    namespace and the grant), a poll without namespaces does not list its topics, and the generator's own namespace
+    is served as before. A super-user sees every namespace."""
+    topic, _ = watermarked_topic
+    private = "acme/private"
+    hidden = f"persistent://{private}/orders-{uuid.uuid4().hex[:8]}"
+    admin = PulsarAdmin(auth_cluster.settings(ADMIN_ROLE))
+    admin.create_tenant("acme")
+    admin.create_namespace(private)
+    admin.grant_namespace_permission(private, CLIENT_ROLE, ["produce", "consume"])  # an application's, not ours
+    owner = auth_cluster.settings(ADMIN_ROLE).client()
+    try:
+        # followed (it has the generator's subscription) and fresh (a producer appeared): both would be told
+        follower = owner.subscribe(hidden, "__wm_generator", consumer_type=pulsar.ConsumerType.Failover)
+        producer = owner.create_producer(hidden)
+        producer.send(b"secret")
+
+        def told(answer: dict[str, Any]) -> set[str]:
+            return {*cast(dict[str, object], answer["topics"]), *cast(list[str], answer["new"])}
+
+        wait_until(lambda: hidden in told(admin.plugin_changes(auth_cluster.cluster.admin_url, "", -1, 0)),
+                   what="the plugin to report the other tenant's topic to a super-user")  # fmt: skip
+        generator = PulsarAdmin(auth_cluster.settings(GENERATOR_ROLE))
+        try:
+            with pytest.raises(PluginMissing) as refused:  # (a) naming a namespace it may not consume
+                generator.plugin_changes(auth_cluster.cluster.admin_url, "", -1, 0,
+                                         namespaces=[DEFAULT_NAMESPACE, private])  # fmt: skip
+            assert refused.value.status == 403
+            assert private in str(refused.value) and "consume" in str(refused.value), str(refused.value)
+            everything = generator.plugin_changes(auth_cluster.cluster.admin_url, "", -1, 0)  # (b) no namespaces
+            assert not any(name.startswith(f"persistent://{private}/") for name in told(everything)), everything
+            assert topic in cast(dict[str, object], everything["topics"])  # (c) its own namespace, as before
+            own = generator.plugin_changes(auth_cluster.cluster.admin_url, "", -1, 0, namespaces=[DEFAULT_NAMESPACE])
+            assert topic in cast(dict[str, object], own["topics"])
+            # a long poll without namespaces is not answered for the other tenant's moves, nor told of them
+            waited = generator.plugin_changes(auth_cluster.cluster.admin_url, str(everything["epoch"]),
+                                              int(everything["seq"]), 0)  # fmt: skip
+            producer.send(b"more")
+            follower.close()  # the owner went: a move of the hidden topic
+            later = generator.plugin_changes(auth_cluster.cluster.admin_url, str(waited["epoch"]),
+                                             int(waited["seq"]), 3_000)  # fmt: skip
+            assert hidden not in told(later), later
+        finally:
+            generator.close()
+        producer.close()
+    finally:
+        owner.close()
+        admin.close()
