@@ -510,15 +510,18 @@ class PulsarAdmin:
         return [self.broker_metrics(origin) for origin in sorted(origins or {self.base_url})]
 
     def plugin_changes(
-        self, broker: str, epoch: str, since: int, timeout_ms: int, namespaces: Iterable[str] = ()
-    ) -> dict[str, Any]:
+        self, broker: str, epoch: str, since: int, timeout_ms: int, namespaces: Iterable[str] = (),
+        *, intake: bool = False,
+    ) -> dict[str, Any]:  # fmt: skip
         """The topics whose cursors moved on `broker` since sequence `since` of its run `epoch`, from its
         watermark-cursors plugin (broker_ext/plugin/; docs/PROTOCOL.md section 10): a long poll that answers at
         the first move or after `timeout_ms` (keep it below this client's timeout), of the topics in
-        `namespaces` only (none: every topic). On this thread's keep-alive connection (a call costs a quarter of
-        one through requests); raises `PluginMissing` where the broker does not serve it."""
+        `namespaces` only (none: every topic); with `intake`, also the markers found on each topic and the data
+        between (broker_ext/intake/plugin_stream.py reads them). On this thread's keep-alive connection (a call
+        costs a quarter of one through requests); raises `PluginMissing` where the broker does not serve it."""
         query = urlencode({"epoch": epoch, "since": str(since), "timeoutMs": str(timeout_ms),
-                           **({"namespaces": ",".join(namespaces)} if namespaces else {})})  # fmt: skip
+                           **({"namespaces": ",".join(namespaces)} if namespaces else {}),
+                           **({"intake": "1"} if intake else {})})  # fmt: skip
         headers = {"Accept": "application/json", **self.settings.admin_headers()}
         try:
             response, body = self._keep_alive_get(broker, f"{PLUGIN_CHANGES_PATH}?{query}", headers)

@@ -11,6 +11,7 @@ import pulsar
 import pytest
 
 from bench.common import metric_samples
+from broker_ext.intake.plugin_stream import IntakeReport, intake_report
 from consumer import WatermarkConsumer
 from devtools.local_cluster import free_port
 from producer import WatermarkProducer
@@ -18,7 +19,7 @@ from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.settings import PulsarSettings
 from tests.integration.generator_process import GeneratorProcess
 from tests.integration.helpers import Recorder, wait_until, watermarks
-from watermark_core.protocol import GENERATOR_SUBSCRIPTION
+from watermark_core.protocol import GENERATOR_SUBSCRIPTION, MARKER_PROPERTY, MarkerKind, encode_set
 
 
 class Changes:
@@ -214,3 +215,64 @@ def test_a_topic_that_appears_while_the_generator_runs_reads_ahead_and_folds_eac
         producer.close()
     finally:
         generator.stop()
+
+
+def test_the_plugins_intake_finds_a_plain_batching_producers_markers_in_order_and_sums_the_data_between(
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str
+) -> None:
+    """Issue 47: markers as docs/PROTOCOL.md says, sent by a plain pulsar producer that batches and compresses,
+    found inside the broker; what the generator's subscription acknowledged is no longer kept."""
+    topic = f"persistent://{namespace}/intake-{uuid.uuid4().hex[:8]}"
+    follower = pulsar_client.subscribe(topic, GENERATOR_SUBSCRIPTION, consumer_type=pulsar.ConsumerType.Failover,
+                                       receiver_queue_size=1_000)  # fmt: skip
+    admin.plugin_changes(admin.base_url, "", -1, 0, namespaces=[namespace], intake=True)  # asks for the intake
+    producer = pulsar_client.create_producer(
+        topic, producer_name="plain-batching", batching_enabled=True, batching_max_messages=50,
+        batching_max_publish_delay_ms=20, compression_type=pulsar.CompressionType.LZ4,
+    )  # fmt: skip
+    for stretch in range(3):
+        for i in range(100):
+            producer.send_async(b"data", None, event_timestamp=1_000 * stretch + i + 1)
+        producer.send_async(encode_set(1_000 * (stretch + 1)), None, properties={MARKER_PROPERTY: "W_SET"})
+    producer.flush()
+    last = producer.send(b"last", event_timestamp=5_000)
+
+    def kept() -> IntakeReport | None:
+        answer = admin.plugin_changes(admin.base_url, "", -1, 0, namespaces=[namespace], intake=True)  # everything
+        report = answer["topics"].get(topic, {}).get("intake")
+        return intake_report(report) if report is not None else None
+
+    def scanned_to_the_end() -> bool:
+        report = kept()
+        return report is not None and report.scanned_to >= (last.ledger_id(), last.entry_id())
+
+    wait_until(scanned_to_the_end, what="the plugin to read the topic to its last entry")
+    report = kept()
+    assert report is not None and not report.malformed and not report.overflowed
+    markers = [e for e in report.entries if e.marker is not None]
+    assert [(m.marker.kind, m.marker.event_time, m.marker.producer) for m in markers if m.marker] == [
+        (MarkerKind.W_SET, 1_000 * (i + 1), "plain-batching") for i in range(3)
+    ]
+    assert all(m.position[2] >= 0 for m in markers)  # inside batches
+    stretches = [e.stretch for e in report.entries if e.marker is None]
+    assert [sum(messages for _, messages, _ in s) for s in stretches] == [100, 100, 100, 1]
+    assert [min(lowest for _, _, lowest in s) for s in stretches] == [1, 1_001, 2_001, 5_000]
+    after_second = (markers[1].position[0], markers[1].position[1] + 1, -1)
+    follower.acknowledge_cumulative(_message_at(follower, after_second))  # up to the second marker's entry at least
+
+    def forgotten() -> bool:
+        report = kept()
+        left = [e.marker.event_time for e in report.entries if e.marker is not None] if report else None
+        return left == [3_000]
+
+    wait_until(forgotten, what="the plugin to forget what the generator's subscription acknowledged")
+    follower.close()
+    producer.close()
+
+
+def _message_at(consumer: pulsar.Consumer, position: tuple[int, int, int]) -> pulsar.Message:
+    """The first message the consumer receives in the entry at `position` (to acknowledge up to that entry)."""
+    while True:
+        message = consumer.receive(10_000)
+        if (message.message_id().ledger_id(), message.message_id().entry_id()) >= position[:2]:
+            return message

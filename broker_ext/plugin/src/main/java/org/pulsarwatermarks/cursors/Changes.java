@@ -10,10 +10,18 @@ import java.util.Map;
  * in it is not served here: the generator's sequence number came from another run of the broker
  * (the epoch changed) or from before what this broker still remembers of removed topics. {@code fresh}
  * names topics that no generator follows yet where a producer or consumer just appeared: a generator
- * that follows their namespace can start at once instead of at its next look at the topic list.
+ * that follows their namespace can start at once instead of at its next look at the topic list. {@code intake},
+ * for a generator that asked for it, holds what {@link TopicIntake} found on each listed topic since then.
  */
 public record Changes(
-        String epoch, long seq, boolean full, Map<String, TopicCursors> topics, List<String> gone, List<String> fresh) {
+        String epoch, long seq, boolean full, Map<String, TopicCursors> topics, List<String> gone, List<String> fresh,
+        Map<String, TopicIntake.Batch> intake) {
+
+    /** Without the intake: for a generator that did not ask for it. */
+    public Changes(String epoch, long seq, boolean full, Map<String, TopicCursors> topics, List<String> gone,
+            List<String> fresh) {
+        this(epoch, seq, full, topics, gone, fresh, Map.of());
+    }
 
     public boolean isEmpty() {
         return !full && topics.isEmpty() && gone.isEmpty() && fresh.isEmpty();

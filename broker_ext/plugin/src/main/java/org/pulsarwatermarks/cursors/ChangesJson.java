@@ -4,7 +4,8 @@ import java.util.Map;
 
 /**
  * The wire form of {@link Changes} (docs/PROTOCOL.md, "The broker plugin"): JSON with positions as
- * {@code [ledger, entry]} pairs, as the admin API's internal stats would give them.
+ * {@code [ledger, entry]} pairs, as the admin API's internal stats would give them; a topic's intake, when asked
+ * for, inside its object ({@link IntakeJson}).
  */
 public final class ChangesJson {
     private ChangesJson() {}
@@ -24,7 +25,7 @@ public final class ChangesJson {
             first = false;
             string(out, topic.getKey());
             out.append(':');
-            topic(out, topic.getValue());
+            topic(out, topic.getValue(), changes.intake().get(topic.getKey()));
         }
         out.append("},\"gone\":[");
         for (int i = 0; i < changes.gone().size(); i++) {
@@ -43,7 +44,7 @@ public final class ChangesJson {
         return out.append("]}").toString();
     }
 
-    private static void topic(StringBuilder out, TopicCursors cursors) {
+    private static void topic(StringBuilder out, TopicCursors cursors, TopicIntake.Batch intake) {
         out.append("{\"owner\":");
         if (cursors.owner() == null) {
             out.append("null");
@@ -69,7 +70,12 @@ public final class ChangesJson {
             out.append(':');
             position(out, cursor.getValue());
         }
-        out.append("}}");
+        out.append('}');
+        if (intake != null) {
+            out.append(",\"intake\":");
+            IntakeJson.render(out, intake);
+        }
+        out.append('}');
     }
 
     private static void position(StringBuilder out, TopicCursors.Position position) {

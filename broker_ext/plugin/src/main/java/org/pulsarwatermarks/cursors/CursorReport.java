@@ -117,6 +117,32 @@ public final class CursorReport {
         forgottenUpTo = Math.max(forgottenUpTo, version);
     }
 
+    /**
+     * Something was found on {@code topic} by the intake: {@code additions} is handed the sequence number to stamp
+     * it with, under this report's lock (so a generator told of the topic at that sequence is told of it too), and
+     * the topic is news. False, and nothing is added, when the topic is not reported (not followed, or removed).
+     */
+    public boolean found(String topic, java.util.function.LongConsumer additions) {
+        Runnable listener;
+        synchronized (this) {
+            Entry entry = topics.get(topic);
+            if (entry == null || entry.cursors == null) {
+                return false;
+            }
+            entry.version = ++seq;
+            additions.accept(seq);
+            listener = onChange;
+            notifyAll();
+        }
+        listener.run();
+        return true;
+    }
+
+    /** Runs {@code action} under this report's lock: what the intake keeps is read and trimmed under it. */
+    public synchronized void locked(Runnable action) {
+        action.run();
+    }
+
     /** A producer or consumer appeared on {@code topic}, which no generator follows yet. */
     public void announce(String topic) {
         announce(List.of(topic));
@@ -161,7 +187,16 @@ public final class CursorReport {
     }
 
     /** Like {@link #since}, of the topics {@code wanted} only (the namespaces the generator follows). */
-    public synchronized Changes since(String knownEpoch, long since, Predicate<String> wanted) {
+    public Changes since(String knownEpoch, long since, Predicate<String> wanted) {
+        return since(knownEpoch, since, wanted, null);
+    }
+
+    /**
+     * Like {@link #since}, with what the intake found on each listed topic since then ({@code intakes}: a topic's
+     * {@link TopicIntake}, or null where none reads it); null {@code intakes}: a generator that did not ask.
+     */
+    public synchronized Changes since(String knownEpoch, long since, Predicate<String> wanted,
+            java.util.function.Function<String, TopicIntake> intakes) {
         boolean full = !epoch.equals(knownEpoch) || since < forgottenUpTo || since > seq;
         Map<String, TopicCursors> changed = new TreeMap<>();
         List<String> gone = new ArrayList<>();
@@ -184,7 +219,16 @@ public final class CursorReport {
                 }
             });
         }
-        return new Changes(epoch, seq, full, changed, gone, announced);
+        Map<String, TopicIntake.Batch> intake = new TreeMap<>();
+        if (intakes != null) {
+            changed.keySet().forEach(topic -> {
+                TopicIntake kept = intakes.apply(topic);
+                if (kept != null) {
+                    intake.put(topic, kept.since(full ? -1 : since));
+                }
+            });
+        }
+        return new Changes(epoch, seq, full, changed, gone, announced, intake);
     }
 
     /** Like {@link #since}, but waits up to {@code timeoutMs} for a change (a long poll on a thread of its own). */

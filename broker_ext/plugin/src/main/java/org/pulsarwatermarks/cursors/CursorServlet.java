@@ -37,7 +37,8 @@ import org.slf4j.LoggerFactory;
 /**
  * {@code GET /watermark-cursors/changes?epoch=E&since=N&timeoutMs=T}: the topics whose cursors moved
  * since sequence {@code N} of run {@code E}, answered at once when there are some, else when the
- * first comes or after {@code T} ms (a long poll that holds no Jetty thread while it waits).
+ * first comes or after {@code T} ms (a long poll that holds no Jetty thread while it waits). With
+ * {@code intake=1}, also the markers found on each of them and the data between ({@link IntakeTracker}).
  * Wire format and settings: docs/PROTOCOL.md, "The broker plugin".
  *
  * <p>Waiting polls are answered on a thread of the plugin's own ({@code watermark-cursors-answers}), woken once
@@ -64,6 +65,7 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
     private String watermarkNamespace = "public/__watermarks";
     private PulsarService pulsar;
     private CursorTracker tracker;
+    private IntakeTracker intake;
     private Grants<AuthenticationDataSource> consume;
     private Grants<AuthenticationDataSource> produce;
 
@@ -123,7 +125,9 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
                 () -> authorization.canProduce(TopicName.get("persistent://" + namespace + "/__watermark_cursors"),
                         role, data))), System::currentTimeMillis, GRANT_TTL_MS, 10_000);
         report.onChange(this::wakeSoon);
-        tracker = new CursorTracker(pulsar.getBrokerService(), report, sweepIntervalMs, this::announceable, fresh);
+        intake = new IntakeTracker(report, System::currentTimeMillis);
+        tracker = new CursorTracker(pulsar.getBrokerService(), report, sweepIntervalMs, this::announceable, fresh,
+                intake);
         if (!connectInterceptor(pulsar.getBrokerInterceptor(), tracker::touched)) {
             log.warn("watermark-cursors: the interceptor of this NAR is not loaded (add watermark-cursors to "
                     + "brokerInterceptors): cursor moves are seen by the sweep only, every {} ms", sweepIntervalMs);
@@ -175,6 +179,9 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
         if (tracker != null) {
             tracker.close();
         }
+        if (intake != null) {
+            intake.close();
+        }
         answers.shutdownNow();
     }
 
@@ -196,9 +203,13 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
             response.sendError(HttpServletResponse.SC_BAD_REQUEST, "namespaces: " + e.getMessage());
             return;
         }
-        View view = view(request, response, named);
+        boolean withIntake = "1".equals(request.getParameter("intake")) || "true".equals(request.getParameter("intake"));
+        View view = view(request, response, named, withIntake ? intake::intakeOf : null);
         if (view == null) {
             return; // refused
+        }
+        if (withIntake) {
+            intake.asked(named); // the followed topics of these namespaces are read for their markers from now on
         }
         fresh.followed(named); // new topics of these namespaces are announced from now on
         Changes changes = view.since(epoch, since);
@@ -288,7 +299,8 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
     }
 
     /** What the request's role may be told of the namespaces it named (none: every one), or null once refused. */
-    private View view(HttpServletRequest request, HttpServletResponse response, Set<String> named) throws IOException {
+    private View view(HttpServletRequest request, HttpServletResponse response, Set<String> named,
+            java.util.function.Function<String, TopicIntake> intakes) throws IOException {
         ServiceConfiguration config = pulsar.getConfiguration();
         String role = (String) request.getAttribute(AuthenticationFilter.AuthenticatedRoleAttributeName);
         AuthenticationDataSource data =
@@ -300,15 +312,15 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
         Predicate<String> wanted = Namespaces.wanted(named);
         switch (verdict) {
             case EVERY_NAMESPACE -> {
-                return (epoch, since) -> report.since(epoch, since, wanted);
+                return (epoch, since) -> report.since(epoch, since, wanted, intakes);
             }
             case NAMESPACES_IT_MAY_CONSUME -> {
                 String refused = consume.firstRefused(role, named, data);
                 if (refused == null) {
                     return named.isEmpty()
                             ? (epoch, since) -> consume.visible(role, data, wanted,
-                                    allowed -> report.since(epoch, since, allowed))
-                            : (epoch, since) -> report.since(epoch, since, wanted); // each one checked just now
+                                    allowed -> report.since(epoch, since, allowed, intakes))
+                            : (epoch, since) -> report.since(epoch, since, wanted, intakes); // each checked just now
                 }
                 refuse(response, HttpServletResponse.SC_FORBIDDEN, "role " + role + " may not consume in namespace "
                         + refused + ", so the plugin does not tell it of that namespace's topics: grant it "

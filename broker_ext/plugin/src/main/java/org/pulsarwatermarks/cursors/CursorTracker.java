@@ -43,13 +43,22 @@ final class CursorTracker implements AutoCloseable {
 
     private final java.util.function.Predicate<String> announceable;
     private final FreshTopics fresh;
+    private final Followers followers;
+
+    /** Told, on this tracker's thread, of every followed topic it read, and of each that is no longer reported. */
+    interface Followers {
+        void followed(PersistentTopic topic, TopicCursors cursors);
+
+        void unfollowed(String topic);
+    }
 
     CursorTracker(BrokerService broker, CursorReport report, long sweepIntervalMs,
-            java.util.function.Predicate<String> announceable, FreshTopics fresh) {
+            java.util.function.Predicate<String> announceable, FreshTopics fresh, Followers followers) {
         this.broker = broker;
         this.report = report;
         this.announceable = announceable;
         this.fresh = fresh;
+        this.followers = followers;
         this.thread = Executors.newSingleThreadScheduledExecutor(runnable -> {
             Thread t = new Thread(runnable, "watermark-cursors");
             t.setDaemon(true);
@@ -117,12 +126,14 @@ final class CursorTracker implements AutoCloseable {
     private void read(String topic) {
         try {
             Optional<Topic> loaded = broker.getTopicReference(topic);
-            TopicCursors cursors = loaded.isPresent() && loaded.get() instanceof PersistentTopic persistent
-                    ? BrokerCursors.read(persistent) : null;
+            PersistentTopic persistent = loaded.isPresent() && loaded.get() instanceof PersistentTopic p ? p : null;
+            TopicCursors cursors = persistent != null ? BrokerCursors.read(persistent) : null;
             if (cursors != null) {
                 report.update(topic, cursors);
+                followers.followed(persistent, cursors);
             } else {
                 report.remove(topic);
+                followers.unfollowed(topic);
             }
         } catch (RuntimeException e) {
             log.warn("watermark-cursors: reading {} failed; the next sweep reads it again", topic, e);
@@ -146,11 +157,13 @@ final class CursorTracker implements AutoCloseable {
                 if (cursors != null) {
                     seen.add(topic.getName());
                     report.update(topic.getName(), cursors);
+                    followers.followed(topic, cursors);
                 }
             });
             for (String topic : report.present()) {
                 if (!seen.contains(topic)) {
                     report.remove(topic);
+                    followers.unfollowed(topic);
                 }
             }
         } catch (RuntimeException e) {

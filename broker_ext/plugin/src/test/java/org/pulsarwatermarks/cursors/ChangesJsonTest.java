@@ -26,4 +26,16 @@ class ChangesJsonTest {
         assertEquals("{\"epoch\":\"e\",\"seq\":1,\"full\":true,\"topics\":{\"t\":{\"owner\":null,\"created\":0,\"lastConfirmed\":[3,-1],"
                 + "\"ledgers\":[],\"cursors\":{\"a\\\"b\\\\c\\n\":[-1,-1]}}},\"gone\":[],\"new\":[]}", json);
     }
+
+    @Test
+    void aTopicsIntakeRidesInItsObject() {
+        TopicIntake.Batch batch = new TopicIntake.Batch(List.of(), new TopicCursors.Position(5, 20), false);
+        Changes changes = new Changes("e1", 7, false, Map.of("t", CursorReportTest.cursors(9)), List.of(), List.of(),
+                Map.of("t", batch));
+        assertEquals("{\"epoch\":\"e1\",\"seq\":7,\"full\":false,\"topics\":{\"t\":"
+                + "{\"owner\":\"gen-1\",\"created\":1700000000000,\"lastConfirmed\":[5,20],\"ledgers\":[[5,0]],"
+                + "\"cursors\":{\"__wm_generator\":[5,1],\"app\":[5,9]},"
+                + "\"intake\":{\"found\":[],\"scannedTo\":[5,20],\"overflowed\":false}}},"
+                + "\"gone\":[],\"new\":[]}", ChangesJson.render(changes));
+    }
 }

@@ -61,6 +61,43 @@ class CursorReportTest {
         assertEquals(Map.of("a", cursors(4, 95)), report.since("run", known).topics());
     }
 
+    static MarkerScanner.Marker marker(long entry) {
+        return new MarkerScanner.Marker(5, entry, -1, 0, "p", "W_SET", new byte[] {1}, 1_000, false);
+    }
+
+    static List<Long> markersOf(Changes changes, String topic) {
+        return changes.intake().get(topic).found().stream()
+                .map(found -> ((TopicIntake.MarkerFound) found).marker().entryId()).toList();
+    }
+
+    @Test
+    void markersFoundOnAFollowedTopicAreToldOnceWithItsCursorsAndAKnowNothingGeneratorGetsAllKept() {
+        CursorReport report = new CursorReport("run", 10);
+        TopicIntake intake = new TopicIntake(100);
+        report.update("a", cursors(3));
+        long known = report.since("run", -1).seq();
+        assertTrue(report.found("a", seq -> intake.marker(marker(7), seq)));
+        Changes changes = report.since("run", known, topic -> true, topic -> intake);
+        assertEquals(Map.of("a", cursors(3)), changes.topics()); // told again, with what was found
+        assertEquals(List.of(7L), markersOf(changes, "a"));
+        report.found("a", seq -> intake.marker(marker(8), seq));
+        assertEquals(List.of(8L), markersOf(report.since("run", changes.seq(), topic -> true, topic -> intake), "a"));
+        assertEquals(List.of(7L, 8L), markersOf(report.since("other-run", 0, topic -> true, topic -> intake), "a"));
+        assertEquals(Map.of(), report.since("run", known).intake()); // a generator that did not ask: no intake
+    }
+
+    @Test
+    void whatIsFoundOnATopicNotReportedIsNotKept() {
+        CursorReport report = new CursorReport("run", 10);
+        TopicIntake intake = new TopicIntake(100);
+        assertFalse(report.found("a", seq -> intake.marker(marker(7), seq)));
+        assertEquals(0, intake.size());
+        report.update("a", cursors(3));
+        report.remove("a");
+        assertFalse(report.found("a", seq -> intake.marker(marker(7), seq)));
+        assertEquals(0, intake.size());
+    }
+
     @Test
     void theGeneratorsOwnAcknowledgementIsNoNews() {
         CursorReport report = new CursorReport("run", 10);
