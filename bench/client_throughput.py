@@ -182,6 +182,35 @@ class _MarkerHidingOnly:
         self._consumer.close()
 
 
+class _PositionFloor(_MarkerHidingOnly):
+    """The floor of a correct consumer's `receive` (issue 48), for comparison only (no trust rule, no watermark): what
+    none can skip per message: markers hidden by their property, the message's position (`message_id` and its three
+    getters, as the trust rule needs it to see a move back it did not make) and one comparison with the latest."""
+
+    def __init__(self, consumer: pulsar.Consumer) -> None:
+        super().__init__(consumer)
+        self._last = (-1, -1, -1)
+
+    def receive(self, timeout_millis: int) -> pulsar.Message:
+        while True:
+            raw = self._raw.receive(timeout_millis)
+            if MARKER_PROPERTY in raw.properties():
+                self._raw.acknowledge(raw)
+                continue
+            msg_id = raw.message_id()
+            position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+            if position > self._last:
+                self._last = position
+            message = pulsar.Message()
+            message._message, message._schema = raw, self._schema
+            return message
+
+
+def _drain_position_floor(client: pulsar.Client, topic: str, data: int) -> Timing:
+    name = f"pos-{uuid.uuid4().hex[:6]}"
+    return _drain(_PositionFloor(client.subscribe(topic, name, initial_position=EARLIEST)), data)
+
+
 def _drain_marker_hiding(client: pulsar.Client, topic: str, data: int) -> Timing:
     name = f"hide-{uuid.uuid4().hex[:6]}"
     return _drain(_MarkerHidingOnly(client.subscribe(topic, name, initial_position=EARLIEST)), data)
@@ -278,6 +307,7 @@ def consumer_ratios(client: pulsar.Client) -> tuple[dict[str, Ratio], tuple[floa
         "listener_vs_receive": _ratio(client, topic, "listener vs plain receive", _listen_watermark, _drain_raw),
         "batch": _ratio(client, topic, "batch_receive", _batches_watermark, _batches_raw),
         "floor": _ratio(client, topic, "marker-hiding floor", _drain_marker_hiding, _drain_raw),
+        "position_floor": _ratio(client, topic, "position floor", _drain_position_floor, _drain_raw),
     }
     return ratios, start_to_first_message(client, topic)
 
@@ -316,6 +346,15 @@ def run(settings: PulsarSettings) -> dict[str, float | int | str]:
             "checked per message; no watermark, no position: not a correct consumer) over the plain client: what "
             f"any wrapper of receive costs at least; median of {ROUNDS} rounds in alternating order"
         ),
+        "consumer_position_floor_ratio": round(consumer["position_floor"].wall, 3),
+        "consumer_position_floor_ratio_how": (
+            "same topic, same work as the pull figure, by a loop that does only what a correct consumer cannot skip "
+            "(the plain receive, the marker property, message_id() with its three getters, one comparison with the "
+            "latest position, acknowledge; no trust rule, no watermark) over the plain client: the pull figure's "
+            f"ceiling (issue 48); median of {ROUNDS} rounds in alternating order"
+        ),
+        "consumer_position_floor_cpu_ratio": round(consumer["position_floor"].cpu, 3),
+        "consumer_position_floor_cpu_ratio_how": "the position floor's rounds, per CPU second of the reading process",
         "consumer_pull_cpu_ratio": round(consumer["pull"].cpu, 3),
         "consumer_pull_cpu_ratio_how": (
             "the pull figure's rounds, per CPU second of the reading process (every thread) instead of per wall "
@@ -355,6 +394,7 @@ def run(settings: PulsarSettings) -> dict[str, float | int | str]:
         "listener_vs_receive": "consumer_listener_vs_plain_receive_ratio",
         "batch": "consumer_batch_receive_ratio",
         "floor": "consumer_marker_hiding_floor_ratio",
+        "position_floor": "consumer_position_floor_ratio",
     }
     for name, key in keys.items():
         figures[f"{key}_rounds"] = consumer[name].rounds("wall")

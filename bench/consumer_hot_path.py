@@ -1,5 +1,5 @@
-"""`python -m bench.consumer_hot_path [pull|batch|plain|plain_batch] [messages]`: the consumer's own work per message,
-without a broker.
+"""`python -m bench.consumer_hot_path [pull|batch|plain|plain_batch|floor] [messages]`: the consumer's own work per
+message, without a broker.
 
 `WatermarkConsumer.receive` + `acknowledge` (or `batch_receive`) against `pulsar.Consumer`'s over the same stand-in
 for the client's binding: its `receive`, `batch_receive` and `acknowledge` are C calls that cost next to nothing, and
@@ -14,11 +14,14 @@ valgrind, at two sizes, and take the difference per message (issue 34, session 1
     valgrind --tool=callgrind --callgrind-out-file=/dev/null python -m bench.consumer_hot_path pull 12000
 
 (the "Collected" line; building the stand-in messages is in both, about 19 500 instructions a message).
+`floor` is bench/client_throughput.py's position floor (issue 48) over the same stand-in: the plain receive, the
+marker property, `message_id()` with its three getters, one comparison, acknowledge; not a correct consumer.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
 import sys
 import time
@@ -137,16 +140,48 @@ def _ours(raws: list[_Raw]) -> WatermarkConsumer:
     return WatermarkConsumer(_Client(raws), TOPIC, "bench", admin_url=NOWHERE, batch_receive_policy=policy)
 
 
+class _Floor:
+    """bench/client_throughput.py's `_PositionFloor` over the stand-in (the same lines)."""
+
+    def __init__(self, consumer: pulsar.Consumer) -> None:
+        self._consumer, self._raw, self._schema = consumer, consumer._consumer, consumer._schema
+        self._last = (-1, -1, -1)
+
+    def receive(self, timeout_millis: int) -> pulsar.Message:
+        while True:
+            raw = self._raw.receive(timeout_millis)
+            if MARKER_PROPERTY in raw.properties():
+                self._raw.acknowledge(raw)
+                continue
+            msg_id = raw.message_id()
+            position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+            if position > self._last:
+                self._last = position
+            message = pulsar.Message()
+            message._message, message._schema = raw, self._schema
+            return message
+
+    def acknowledge(self, message: pulsar.Message) -> None:
+        self._raw.acknowledge(message._message)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
 def run(mode: str, data: int) -> float:
     """CPU seconds of this thread per data message (markers are read too: the plain consumer gets them as data)."""
     raws = messages(data)
-    consumer: pulsar.Consumer | WatermarkConsumer = _ours(raws) if mode in ("pull", "batch") else _plain(raws)
-    count = data if mode in ("pull", "batch") else len(raws)
+    consumer: pulsar.Consumer | WatermarkConsumer | _Floor
+    consumer = _ours(raws) if mode in ("pull", "batch") else _Floor(_plain(raws)) if mode == "floor" else _plain(raws)
+    count = data if mode in ("pull", "batch", "floor") else len(raws)
+    gc.collect()
+    gc.freeze()  # the stand-in's own objects (six per message) out of every collection: a real heap has none of them
     started = time.thread_time()
-    if mode in ("pull", "plain"):
+    if mode in ("pull", "plain", "floor"):
         for _ in range(count):
             consumer.acknowledge(consumer.receive(timeout_millis=30_000))
     else:
+        assert not isinstance(consumer, _Floor)
         received = 0
         while received < count:
             for message in consumer.batch_receive():
@@ -160,8 +195,8 @@ def run(mode: str, data: int) -> float:
 def main(argv: list[str]) -> None:
     mode = argv[0] if argv else "pull"
     data = int(argv[1]) if len(argv) > 1 else 50_000
-    if mode not in ("pull", "batch", "plain", "plain_batch"):
-        raise SystemExit("mode: pull, batch, plain or plain_batch")
+    if mode not in ("pull", "batch", "plain", "plain_batch", "floor"):
+        raise SystemExit("mode: pull, batch, plain, plain_batch or floor")
     print(f"{mode}: {run(mode, data) * 1e6:.2f} us of CPU per message ({data} messages)")
 
 

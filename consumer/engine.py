@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from consumer.trust import BEFORE_ALL, Computed, Entry, PartitionTrust, WatermarkTrust
+from consumer.trust import BEFORE_ALL, Computed, Entry, Lane, PartitionTrust, WatermarkTrust
 from watermark_core.protocol import Position, Watermark
 
 RECOMPUTE_WAIT_S = 30.0
@@ -240,6 +240,10 @@ class ConsumerEngine:
         """What `get_last_watermark()` returns: the listener's watermark, or the strict one."""
         self._stale = False
         """Listener: what it may hold can have changed since it was handed a watermark last."""
+        self.lanes: dict[int, Lane] = self.trust.lanes
+        """Each partition's hot path (consumer/trust.py `Lane`): the shell writes quiet messages and acknowledgements
+        there itself, as `received_quietly` and `acknowledged_quietly` do; every `handle` takes them in first."""
+        self._open_lanes()
 
     # -- views --------------------------------------------------------------------------------------
 
@@ -261,6 +265,23 @@ class ConsumerEngine:
     # -- the one entry point --------------------------------------------------------------------------
 
     def handle(self, event: Event, now: float) -> list[Command]:
+        self.trust.close_lanes()  # what the lanes let through first (see `Lane`)
+        try:
+            return self._handle(event, now)
+        finally:
+            self._open_lanes()
+
+    def _open_lanes(self) -> None:
+        """Open the lanes as far as the engine's own state allows: no message while a partition waits for a
+        recomputed watermark or a seek's target, nor (a listener) while messages wait to be handed over or the
+        listener may hold something new; no acknowledgement while a partition waits or messages wait."""
+        waits = bool(self._distrusted_since)
+        self.trust.open_lanes(
+            receiving=not waits and not self._seek_targets and not (self.listener and (self._pending or self._stale)),
+            acknowledging=not waits and not self._pending,
+        )
+
+    def _handle(self, event: Event, now: float) -> list[Command]:
         kind = type(event)
         if (kind is Received or kind is Acknowledged) and not self._distrusted_since and not self._seek_targets:
             state = self.trust.get(event.partition)  # type: ignore[union-attr]
@@ -329,19 +350,26 @@ class ConsumerEngine:
 
     def received_quietly(self, partition: int, position: Position) -> bool:
         """`handle(Received(partition, position, token))` for a data message, when its only command would be
-        `Deliver` and nothing else would change (every partition trusts and no seek target waits; with a
-        listener, nothing waits to be handed over and the listener holds what it may): True, deliver it now
-        (a listener: before anything the engine commands later). False, nothing changed: call `handle`."""
-        if self._distrusted_since or self._seek_targets or (self.listener and (self._pending or self._stale)):
+        `Deliver` and nothing else would change: True, deliver it now (a listener: before anything the engine
+        commands later). False, nothing changed: call `handle`. The shell does the same itself, under the lock
+        its `handle` calls are made under (see `Lane`): a message after the lane's `after` while it is `receiving`."""
+        lane = self.lanes.get(partition)
+        if lane is None or not lane.receiving or position <= lane.after:
             return False
-        return self.trust.on_message_quietly(partition, position)
+        lane.after = position
+        lane.arrived.append(position)
+        return True
 
     def acknowledged_quietly(self, partition: int, position: Position) -> bool:
-        """`handle(Acknowledged(partition, position, token))` when its only command would be sending it:
-        True, send it. False, nothing changed: call `handle`."""
-        if self._distrusted_since or self._pending:
+        """`handle(Acknowledged(partition, position, token))` when its only command would be sending it: True, send
+        it. False: call `handle` (what the lane took is taken in again there, to the same effect). The shell does the
+        same itself, without a lock (see `Lane`)."""
+        lane = self.lanes.get(partition)
+        if lane is None:
             return False
-        return self.trust.on_acknowledged_quietly(partition, position)
+        acked = lane.acked
+        acked.append(position)
+        return lane.acknowledging and lane.acked is acked
 
     # -- inputs ---------------------------------------------------------------------------------------
 

@@ -143,6 +143,40 @@ class Outcome(Enum):
     """Not accepted: it was computed at or after a message still unacknowledged, so it is stale."""
 
 
+NOWHERE: Position = (-(2**63), 0, 0)
+"""Before every position: a lane's `after` before anything was received."""
+
+
+@dataclass(slots=True)
+class Lane:
+    """One partition's hot path: a message or an acknowledgement that changes nothing but what is outstanding and
+    acknowledged is written here by the caller, without the rule, and the rule takes it in (`catch_up`) before it
+    decides anything about the partition. The rule sets the flags and `after` again after every decision
+    (`open_lanes`), so a lane is open only while the rule would decide nothing else.
+
+    - **a message**, under the caller's lock (the one the rule's decisions are made under): while `receiving`, a
+      data message at a position after `after` is such a one: it becomes `after` and is appended to `arrived`
+      (`ConsumerEngine.received_quietly`);
+    - **an acknowledgement**, without a lock: append its position to `acked` first, then, if `acknowledging` and
+      `acked` is still the list appended to, it is such a one (send it); else it is the rule's to decide
+      (`ConsumerEngine.acknowledged_quietly`). The rule closes every lane before it takes `acked` in, and takes it
+      by swapping the list: an acknowledgement appended before the close is taken in before the decision, and
+      one appended later sees the closed lane or the swapped list. (Each step is one bytecode-atomic operation
+      under the GIL: a list append, an attribute read.)
+
+    The positions stay a plain tuple each (kept while outstanding), appended to a list: the rule's sets and ordered
+    set are updated once per batch, in C (`catch_up`).
+    """
+
+    partition: int
+    receiving: bool = False
+    acknowledging: bool = False
+    after: Position = NOWHERE
+    """A data message after this position is in order and after the held event: nothing to decide."""
+    arrived: list[Position] = field(default_factory=list)
+    acked: list[Position] = field(default_factory=list)
+
+
 @dataclass(slots=True)
 class PartitionTrust:
     """One partition's trust state (see the module docstring)."""
@@ -187,6 +221,8 @@ class PartitionTrust:
     joining: Computed | None = None
     """Added to a live topic: counts in the minimum with this (the minimum when it was added) until its own
     watermark reaches it, so the watermark neither goes back nor passes it (see `add_partition`)."""
+    lane: Lane = field(default_factory=lambda: Lane(0))
+    """The hot path's (see `Lane`): what it wrote is taken in by `catch_up` before anything else reads this state."""
 
     @property
     def distrusting(self) -> bool:
@@ -217,8 +253,30 @@ class PartitionTrust:
 
 def _keep_newest_half(state: PartitionTrust) -> None:
     """Bound what is remembered of acknowledgements (a consumer without generator holds no event for long)."""
-    kept = list(state.acknowledged)[ACKNOWLEDGED_KEPT // 2 :]
+    kept = list(state.acknowledged)[-(ACKNOWLEDGED_KEPT // 2) :]
     state.acknowledged = dict.fromkeys(kept)
+
+
+def _catch_up(state: PartitionTrust) -> None:
+    """Take in what the partition's lane wrote: the messages it let through (outstanding, in order: the last is
+    `last`, and the frontier), then the acknowledgements (no longer outstanding, remembered as acknowledged)."""
+    lane = state.lane
+    arrived = lane.arrived
+    if arrived:
+        lane.arrived = []
+        state.outstanding.update(arrived)
+        last = arrived[-1]
+        state.last = last
+        entry = last[:2]
+        if state.frontier is None or entry > state.frontier:
+            state.frontier = entry
+    if lane.acked:
+        acked, lane.acked = lane.acked, []  # swapped, not cleared: see `Lane`
+        state.outstanding.difference_update(acked)
+        acknowledged = state.acknowledged
+        acknowledged.update(dict.fromkeys(acked))
+        if len(acknowledged) > ACKNOWLEDGED_KEPT:
+            _keep_newest_half(state)
 
 
 class WatermarkTrust:
@@ -229,7 +287,9 @@ class WatermarkTrust:
     """
 
     def __init__(self, partitions: Iterable[int] = ()) -> None:
-        self._partitions: dict[int, PartitionTrust] = {p: PartitionTrust() for p in partitions}
+        self._partitions: dict[int, PartitionTrust] = {p: PartitionTrust(lane=Lane(p)) for p in partitions}
+        self.lanes: dict[int, Lane] = {p: state.lane for p, state in self._partitions.items()}
+        """Each partition's `Lane` (the hot path's), closed until `open_lanes`."""
         self._regained: set[int] = set()
         self._moved_back: set[int] = set()
 
@@ -249,9 +309,11 @@ class WatermarkTrust:
         if partition in self._partitions:
             return False
         now = self.listener_watermark(None) if live else None
-        self._partitions[partition] = PartitionTrust(
-            joining=None if now is None else Computed(BEFORE_ALL, now.event_time)
+        state = PartitionTrust(
+            joining=None if now is None else Computed(BEFORE_ALL, now.event_time), lane=Lane(partition)
         )
+        self._partitions[partition] = state
+        self.lanes[partition] = state.lane
         return True
 
     def __contains__(self, partition: int) -> bool:
@@ -267,7 +329,43 @@ class WatermarkTrust:
 
     def state(self, partition: int) -> PartitionTrust:
         """The partition's state, to read (tests and logs); KeyError for one not followed."""
-        return self._partitions[partition]
+        state = self._partitions[partition]
+        _catch_up(state)
+        return state
+
+    # -- the lanes (the hot path, see `Lane`) ---------------------------------------------------------
+
+    def close_lanes(self) -> None:
+        """Close every lane and take in what they wrote: call before any other call (see `Lane`)."""
+        for state in self._partitions.values():
+            lane = state.lane
+            lane.receiving = lane.acknowledging = False
+            if lane.arrived or lane.acked:
+                _catch_up(state)
+
+    def open_lanes(self, *, receiving: bool = True, acknowledging: bool = True) -> None:
+        """Open each lane as far as the partition's state allows (and the caller's: `receiving`, `acknowledging`
+        False keep those closed everywhere): messages while it trusts, is not guarded and nothing waits as stale
+        or negatively acknowledged, after the latest position received, the latest acknowledged by a seek or
+        cumulatively, and the held event's entry; acknowledgements while it trusts and no event waits to be taken.
+        Exactly what `on_message` and `on_acknowledged` would decide nothing about."""
+        for state in self._partitions.values():
+            lane = state.lane
+            if lane.arrived or lane.acked:
+                _catch_up(state)
+            trusting = state.floor is None
+            lane.acknowledging = acknowledging and trusting and state.latest is state.held
+            lane.receiving = (
+                receiving and trusting and not state.guarded and not state.nacked and state.stale is None
+            )  # fmt: skip
+            after = NOWHERE if state.last is None else state.last
+            through = state.acknowledged_through
+            if through is not None and through > after:
+                after = through
+            held = state.held
+            if held is not None and (held.position[0], held.position[1], SEEK_BATCH_END) > after:
+                after = (held.position[0], held.position[1], SEEK_BATCH_END)  # the held event's whole entry
+            lane.after = after
 
     # -- inputs -------------------------------------------------------------------------------------
 
@@ -435,38 +533,6 @@ class WatermarkTrust:
         state.outstanding.discard(position)
         state.nacked.add(position[:2])
         self._take_latest(partition)
-
-    def on_message_quietly(self, partition: int, position: Position) -> bool:
-        """`on_message` for a message that changes nothing but what is outstanding (the hot path): the
-        partition trusts, is not guarded, and the message comes after the held event. False, and nothing
-        changed, otherwise: then call `on_message`."""
-        state = self._partitions.get(partition)
-        if state is None or state.floor is not None or state.guarded or state.nacked or state.stale is not None:
-            return False
-        entry = position[:2]
-        if state.held is not None and entry <= state.held.position:
-            return False
-        last, through = state.last, state.acknowledged_through
-        if (last is not None and position <= last) or (through is not None and position <= through):
-            return False  # out of order, or acknowledged by a seek: maybe a move back (`on_message`)
-        state.last = position
-        state.outstanding.add(position)
-        if state.frontier is None or entry > state.frontier:
-            state.frontier = entry
-        return True
-
-    def on_acknowledged_quietly(self, partition: int, position: Position) -> bool:
-        """`on_acknowledged` when it changes nothing but what is outstanding (the hot path): the partition
-        trusts and no event waits to be taken. False, and nothing changed, otherwise."""
-        state = self._partitions.get(partition)
-        if state is None or state.floor is not None or state.latest is not state.held:
-            return False
-        state.outstanding.discard(position)
-        acknowledged = state.acknowledged
-        acknowledged[position] = None
-        if len(acknowledged) > ACKNOWLEDGED_KEPT:
-            _keep_newest_half(state)
-        return True
 
     def on_handed_over(self, partition: int, position: Position) -> None:
         """A queued copy of the message at `position` has been handed to the listener: an event held back

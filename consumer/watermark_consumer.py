@@ -38,6 +38,7 @@ from consumer.engine import (
     NegativelyAcknowledged,
     Sought,
 )
+from consumer.trust import Lane
 from consumer.watermark_feed import WatermarkFeed
 from pulsar_access.errors import explained, service_url_of
 from watermark_core.protocol import (
@@ -177,6 +178,8 @@ class WatermarkConsumer:
         one = self._feed.partitions == [self._unnamed_partition] and not self._feed.follows_new_partitions
         self._only_partition = self._unnamed_partition if one else None
         """The one partition every message comes from (a topic without partitions, or one partition of one)."""
+        self._only_lane = self._feed.lanes[self._unnamed_partition] if one else None
+        """Its lane (consumer/trust.py `Lane`): the pull path's, without a look-up."""
         if self._dispatcher is not None:  # the feed queued what the catch-up found (`Attached`), first
             self._dispatcher.start()
         self._batch_policy = _batch_policy_of(subscribe_options.get("batch_receive_policy"), room)
@@ -207,45 +210,53 @@ class WatermarkConsumer:
             )  # fmt: skip
 
     # -- messages ------------------------------------------------------------------------------------
+    #
+    # Per message, the pull path (`receive`, `batch_receive`, `acknowledge`) does what the plain client does plus what
+    # a correct consumer cannot skip: the marker property, the position (`message_id` and its three getters) and one
+    # comparison with the partition's lane (consumer/trust.py `Lane`, under the feed's lock for a message, without a
+    # lock for an acknowledgement), and `event_timestamp` for `late_messages` while a watermark is held. Nothing else:
+    # no Python call of ours, no object but the `pulsar.Message` the application keeps (the position rides on it as
+    # `_wm_at`, for `acknowledge`). So `receive` and `batch_receive` write `_wrap`'s lines out inline, and the
+    # listener's thread, markers and every message a lane does not let through take the cold path: `_wrap`, then
+    # the feed's `received` (the engine decides). docs/DECISIONS.md, "The pull path at the speed of a position".
 
-    def _position(self, message_or_id: Any) -> tuple[int, Position]:
-        """(partition, position) of a message or a message id, as the feed names partitions."""
-        at = getattr(message_or_id, "_wm_at", None)  # set by `_taken` on every message received
-        if at is not None:
-            return at  # type: ignore[no-any-return]
-        msg_id = message_or_id.message_id() if hasattr(message_or_id, "message_id") else message_or_id
-        partition = self._feed.partition_of(msg_id.partition())
-        return partition, position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
-
-    def _wrap(self, raw: Any) -> tuple[pulsar.Message, bool]:
-        """The `pulsar.Message` of what the client's binding returned, as the client wraps it, with its
-        (partition, position) as `_wm_at` (`acknowledge` reads it back); whether it is a marker."""
-        marker = MARKER_PROPERTY in raw.properties()
+    def _wrap(self, raw: Any) -> tuple[pulsar.Message, int, Position]:
+        """The `pulsar.Message` of what the client's binding returned, as the client wraps it, with its (partition,
+        position) as `_wm_at` (`acknowledge` reads it back)."""
         msg_id = raw.message_id()
         partition = self._only_partition
         if partition is None:
             index = msg_id.partition()
             partition = index if index >= 0 else self._unnamed_partition
-        message = pulsar.Message()
+        position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+        message = _Message()
         message._message = raw
         message._schema = self._schema
-        message._wm_at = (partition, (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index()))
-        return message, marker
+        message._wm_at = (partition, position)
+        return message, partition, position
 
-    def _taken(self, message: pulsar.Message, marker: bool) -> bool:
-        """Tell the feed a message arrived (`WatermarkFeed.received`); whether it is handed over now. A marker is
-        counted (the engine skips and acknowledges it)."""
-        partition, position = message._wm_at
-        if not marker:
-            return self._feed.received(partition, position, message)
-        self._feed.received(partition, position, message, True)
-        self._count_marker(message, message._message.properties(), position)
-        return False
+    def _marker(self, raw: Any) -> None:
+        """A marker: the engine skips it and acknowledges it; counted (a malformed one logged once per kind).
 
-    def _count_marker(self, message: pulsar.Message, properties: dict[str, str], position: Position) -> None:
-        """Count a hidden marker (and log a malformed one once per kind)."""
+        Through the lane when it is open both ways (received, then acknowledged at once: what the engine would do,
+        consumer/trust.py `Lane`), else the engine's."""
+        message, partition, position = self._wrap(raw)
+        lane = self._feed.lanes.get(partition)
+        quiet = False
+        if lane is not None:
+            with self._feed.lock:
+                if lane.receiving and lane.acknowledging and position > lane.after:
+                    lane.after = position
+                    lane.arrived.append(position)
+                    lane.acked.append(position)
+                    quiet = True
+        if quiet:
+            self._send_acknowledgement(message)
+        else:
+            self._feed.received(partition, position, message, True)
         try:
-            decode_marker(properties, message.data(), message.producer_name(), position, message.publish_timestamp())
+            decode_marker(raw.properties(), message.data(), message.producer_name(), position,
+                          message.publish_timestamp())  # fmt: skip
             self.markers_hidden += 1
         except MalformedMarker as exc:
             self.malformed_markers[exc.reason] += 1
@@ -254,6 +265,15 @@ class WatermarkConsumer:
                     "skipping malformed marker (%s) from %r at %s on %s: %s",
                     exc.reason, message.producer_name(), message.message_id(), message.topic_name(), exc,
                 )  # fmt: skip
+
+    def _position(self, message_or_id: Any) -> tuple[int, Position]:
+        """(partition, position) of a message or a message id, as the feed names partitions."""
+        at = getattr(message_or_id, "_wm_at", None)  # on every message received
+        if at is not None:
+            return at  # type: ignore[no-any-return]
+        msg_id = message_or_id.message_id() if hasattr(message_or_id, "message_id") else message_or_id
+        partition = self._feed.partition_of(msg_id.partition())
+        return partition, position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
 
     def _acknowledge_skipped(self, message: object) -> None:
         """The engine skipped a message (a marker, a seek's target): acknowledge it."""
@@ -276,39 +296,49 @@ class WatermarkConsumer:
             raise RuntimeError("this consumer has a listener; messages go to it, not to receive()")
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
         left = timeout_millis
-        feed = self._feed
+        feed, only = self._feed, self._only_lane
+        lanes: dict[int, Lane] = feed.lanes
+        lock = feed.lock
         while True:
-            # The hot path in one frame: `_receive_raw`'s and `_wrap`'s work inline (a Python call costs about as
-            # much as a binding call here, and this runs per message).
-            raw = None
-            if self._subscribed.is_set():  # no seek is replacing the consumer
-                try:  # noqa: SIM105 (`contextlib.suppress` costs two calls more per message)
-                    raw = self._raw.receive() if left is None else self._raw.receive(left)
-                except pulsar.AlreadyClosed:
-                    pass
-            if raw is None:
+            try:
+                raw = self._raw.receive() if left is None else self._raw.receive(left)
+            except pulsar.AlreadyClosed:  # a seek is replacing the consumer (`_renew`)
                 raw = self._receive_raw(left)
-            marker = MARKER_PROPERTY in raw.properties()
-            msg_id = raw.message_id()
-            partition = self._only_partition
-            if partition is None:
-                index = msg_id.partition()
-                partition = index if index >= 0 else self._unnamed_partition
-            position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
-            message = _Message()
-            message._message = raw
-            message._schema = self._schema
-            message._wm_at = (partition, position)
-            if not marker and feed.received(partition, position, message):
-                current = feed.current
-                if current is not None:
-                    event_time = raw.event_timestamp()
-                    if event_time and event_time < current.event_time:
-                        self.late_messages += 1
-                        self._late.add(message)
-                return message
-            if marker:
-                self._taken(message, True)
+            if MARKER_PROPERTY in raw.properties():
+                self._marker(raw)
+            else:  # `_wrap`, inline
+                msg_id = raw.message_id()
+                lane: Lane | None
+                if only is not None:
+                    lane, partition = only, only.partition
+                else:
+                    partition = msg_id.partition()
+                    if partition < 0:
+                        partition = self._unnamed_partition
+                    lane = lanes.get(partition)
+                position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+                message = _Message()
+                message._message = raw
+                message._schema = self._schema
+                message._wm_at = (partition, position)
+                quiet = False
+                if lane is not None:
+                    lock.acquire()
+                    try:
+                        if lane.receiving and position > lane.after:  # the lane's protocol (consumer/trust.py `Lane`)
+                            lane.after = position
+                            lane.arrived.append(position)
+                            quiet = True
+                    finally:
+                        lock.release()
+                if quiet or feed.received(partition, position, message):
+                    current = feed.current  # `_note_lateness`, inline
+                    if current is not None:
+                        event_time = raw.event_timestamp()
+                        if event_time and event_time < current.event_time:
+                            self.late_messages += 1
+                            self._late.add(message)
+                    return message
             if deadline is not None:
                 left = max(0, int((deadline - time.monotonic()) * 1000))
 
@@ -320,34 +350,63 @@ class WatermarkConsumer:
         its listener thread and the wall clock, and either can stall it for good (docs/DECISIONS.md)."""
         if self._listener is not None:
             raise RuntimeError("this consumer has a listener; messages go to it, not to batch_receive()")
-        received: list[tuple[int, Position, pulsar.Message, bool]] = []
-        only, unnamed, schema, append = self._only_partition, self._unnamed_partition, self._schema, received.append
         batch = self._on_raw(lambda c: _collect_batch(c.receive, *self._batch_policy))
-        for raw in batch:  # `_wrap` inline: this loop runs per message
-            marker = MARKER_PROPERTY in raw.properties()
-            msg_id = raw.message_id()
-            partition = only
-            if partition is None:
-                index = msg_id.partition()
-                partition = index if index >= 0 else unnamed
-            position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
-            message = _Message()
-            message._message = raw
-            message._schema = schema
-            message._wm_at = (partition, position)
-            append((partition, position, message, marker))
-        delivered: list[pulsar.Message] = self._feed.received_all(received)
-        for _, position, message, marker in received:
-            if marker:
-                self._count_marker(message, message._message.properties(), position)
-        current = self._feed.current
-        if current is not None:
-            watermark = current.event_time
-            for message in delivered:
-                event_time = message._message.event_timestamp()
-                if event_time and event_time < watermark:
-                    self.late_messages += 1
-                    self._late.add(message)
+        delivered: list[pulsar.Message] = []
+        append = delivered.append
+        feed, lanes, only, schema, unnamed = (
+            self._feed,
+            self._feed.lanes,
+            self._only_lane,
+            self._schema,
+            self._unnamed_partition,
+        )
+        lock = feed.lock
+        current = feed.current
+        lock.acquire()  # held over the batch, let go around what the engine decides
+        try:
+            for raw in batch:
+                if MARKER_PROPERTY in raw.properties():
+                    lock.release()
+                    try:
+                        self._marker(raw)
+                    finally:
+                        lock.acquire()
+                    current = feed.current
+                    continue
+                msg_id = raw.message_id()  # `_wrap`, inline
+                lane: Lane | None
+                if only is not None:
+                    lane, partition = only, only.partition
+                else:
+                    partition = msg_id.partition()
+                    if partition < 0:
+                        partition = unnamed
+                    lane = lanes.get(partition)
+                position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+                message = _Message()
+                message._message = raw
+                message._schema = schema
+                message._wm_at = (partition, position)
+                if lane is not None and lane.receiving and position > lane.after:
+                    lane.after = position
+                    lane.arrived.append(position)
+                else:
+                    lock.release()
+                    try:
+                        taken = feed.received(partition, position, message)
+                    finally:
+                        lock.acquire()
+                    current = feed.current
+                    if not taken:
+                        continue
+                if current is not None:  # `_note_lateness`, inline
+                    event_time = raw.event_timestamp()
+                    if event_time and event_time < current.event_time:
+                        self.late_messages += 1
+                        self._late.add(message)
+                append(message)
+        finally:
+            lock.release()
         return delivered
 
     def _receive_raw(self, timeout_millis: int | None) -> Any:
@@ -387,9 +446,12 @@ class WatermarkConsumer:
             if not self._closed.is_set():
                 self._subscribed.wait(1)
             return None
-        message, marker = self._wrap(raw)
         try:
-            return message if self._taken(message, marker) else None
+            if MARKER_PROPERTY in raw.properties():
+                self._marker(raw)
+                return None
+            message, partition, position = self._wrap(raw)
+            return message if self._feed.received(partition, position, message) else None
         except Exception:
             if self._closed.is_set():  # closed meanwhile (e.g. acknowledging a marker): the broker redelivers it
                 log.debug("message %s of %s arrived while closing", raw.message_id(), self.topic, exc_info=True)
@@ -412,21 +474,30 @@ class WatermarkConsumer:
     def acknowledge(self, message: Any) -> None:
         """Acknowledge a message or message id; held back while it would let the subscription pass a
         position it moved back to before the watermark recomputed there has arrived (then sent)."""
-        at = getattr(message, "_wm_at", None)
-        partition, position = at if at is not None else self._position(message)
-        if self._feed.acknowledged_quietly(partition, position):
-            if type(message) is _Message and self._subscribed.is_set():  # the hot path: `_send_acknowledgement`'s
-                try:
-                    self._raw.acknowledge(message._message)
-                    return
-                except pulsar.AlreadyClosed:
-                    pass
-            self._send_acknowledgement(message)
-        else:
-            self._feed.report(Acknowledged(partition, position, functools.partial(self._send_acknowledgement, message)))
+        try:
+            partition, position = message._wm_at  # a message `receive` returned: a `pulsar.Message` of ours
+            ours = True
+        except AttributeError:
+            (partition, position), ours = self._position(message), False
+        lane = self._only_lane
+        if lane is None:
+            lane = self._feed.lanes.get(partition)
+        if lane is not None:  # the lane's protocol (consumer/trust.py `Lane`): append, then look
+            acked = lane.acked
+            acked.append(position)
+            if lane.acknowledging and lane.acked is acked:
+                if ours:  # `_send_acknowledgement`'s hot path, inline
+                    try:
+                        self._raw.acknowledge(message._message)
+                        return
+                    except pulsar.AlreadyClosed:  # a seek is replacing the consumer (`_renew`)
+                        pass
+                self._send_acknowledgement(message)
+                return
+        self._feed.report(Acknowledged(partition, position, functools.partial(self._send_acknowledgement, message)))
 
     def _send_acknowledgement(self, message: Any) -> None:
-        if self._subscribed.is_set() and type(message) is pulsar.Message:  # the hot path: the binding's own call
+        if type(message) is _Message:  # the binding's own call
             try:
                 self._raw.acknowledge(message._message)
                 return
@@ -529,9 +600,27 @@ class WatermarkConsumer:
         if self._dispatcher is not None:
             self._dispatcher.drop(lambda token: partitions is None or self._position(token)[0] in partitions)
 
-    def __getattr__(self, name: str) -> Any:
-        """Everything else (`unsubscribe`, `get_last_message_id`, ...) is the underlying `pulsar.Consumer`'s."""
-        return getattr(self._consumer, name)
+    # The rest of `pulsar.Consumer`'s API is the underlying consumer's. Written out, not a `__getattr__`: a class
+    # with one makes every attribute read on its instances the slow, unspecialized kind (a fifth of the pull
+    # path's own cost, issue 48).
+
+    def unsubscribe(self) -> None:
+        self._consumer.unsubscribe()
+
+    def get_last_message_id(self) -> pulsar.MessageId:
+        return self._consumer.get_last_message_id()
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        self._consumer.redeliver_unacknowledged_messages()
+
+    def is_connected(self) -> bool:
+        return bool(self._consumer.is_connected())
+
+    def consumer_name(self) -> str:
+        return str(self._consumer.consumer_name())
+
+    def subscription_name(self) -> str:
+        return str(self._consumer.subscription_name())
 
     def close(self) -> None:
         """Close the consumer; the watermark reader and the listener thread stop even if that fails.

@@ -10,9 +10,9 @@ it. Which event may stand over which message, which acknowledgement waits, how l
 moved back waits for the generator: all that is decided by the consumer's engine (consumer/engine.py).
 The feed owns the engine and its lock, and nobody else touches either: it reads the companion topic into
 it on the reader's thread, ticks it, looks for partitions added to the topic, and passes on what the
-consumer reports. The consumer's hot path is three calls: `received` (a message the client delivered),
-`acknowledged_quietly` (an acknowledgement that changes nothing but what is outstanding) and `report`
-(any other event); and three reads: `current`, `pending`, `follows_new_partitions`.
+consumer reports. The consumer's hot path goes through the engine's lanes (`lanes`, under `lock` for a message;
+consumer/trust.py `Lane`) and, for everything a lane does not let through, two calls: `received` (a message the
+client delivered) and `report` (any other event); and three reads: `current`, `pending`, `follows_new_partitions`.
 """
 
 from __future__ import annotations
@@ -112,8 +112,13 @@ class WatermarkFeed:
         self.current: Watermark | None = None
         """The engine's watermark (strict without a listener), copied after each event it handled (all under the lock,
         here): the hot path reads it per message without a call."""
-        self._lock = threading.Lock()
-        """Held while the engine handles an event and its commands are queued or carried out (the feed's only)."""
+        self.lock = threading.Lock()
+        """Held while the engine handles an event and its commands are queued or carried out, and while the consumer's
+        hot path lets a message through a lane (`lanes`); nothing else takes it."""
+        self.lanes = self._engine.lanes
+        """Each partition's hot path (consumer/trust.py `Lane`): the consumer's `receive`, `batch_receive` and
+        `acknowledge` let a quiet message through under `lock`, and a quiet acknowledgement without it, by the lane's
+        protocol; everything else is an event for the engine (`received`, `report`)."""
         self._incarnations = Incarnations.for_consumer(admin_url, reader=f"subscription {subscription!r} of {topic}")
         self._companion = CompanionReader(
             client, topic, self._incarnations, on_table=self._on_table, on_head=self._on_head,
@@ -126,7 +131,7 @@ class WatermarkFeed:
         # anything read later (issue 34, fault 3).
         self._attached = threading.Event()
         self._companion.catch_up()
-        with self._lock:
+        with self.lock:
             commands = self._engine.handle(Attached(), time.monotonic())
             self.current = self._engine.current
             if commands and self._perform is not None:
@@ -174,7 +179,7 @@ class WatermarkFeed:
 
     def report(self, event: Event) -> list[Command]:
         """An event the consumer reports: `perform` under the lock, acknowledgements sent; the commands."""
-        with self._lock:
+        with self.lock:
             commands = self._engine.handle(event, time.monotonic())
             self.current = self._engine.current
             if commands and self._perform is not None:
@@ -184,60 +189,27 @@ class WatermarkFeed:
         return commands
 
     def received(self, partition: int, position: Position, message: object, marker: bool = False) -> bool:
-        """The client delivered `message` (the hot path): whether the caller hands it to the application now.
-
-        A data message that changes nothing but what is outstanding (`ConsumerEngine.received_quietly`; with
-        `perform`, only while `idle()`: nothing commanded before it is still to be carried out) costs one lock,
-        and the caller hands it over; any other is `report`ed (a marker is skipped and acknowledged; with
-        `perform` the engine's `Deliver` reaches the application through it, and the caller hands nothing)."""
+        """The client delivered `message`: whether the caller hands it to the application now. A data message the
+        partition's lane lets through (with `perform`, only while `idle()`: nothing commanded before it is still to
+        be carried out) costs one lock, and the caller hands it over; any other is `report`ed (a marker is skipped
+        and acknowledged; with `perform` the engine's `Deliver` reaches the application through it, and the caller
+        hands nothing). The consumer's pull path does the lane's part itself (`lanes`) and calls this for the rest."""
         if not marker:
-            lock = self._lock
             idle = self._idle
-            lock.acquire()  # not `with`: a little cheaper, and this runs per message
-            try:
-                quiet = (idle is None or idle()) and self._engine.received_quietly(partition, position)
-            finally:
-                lock.release()
-            if quiet:
-                return True
+            with self.lock:
+                if (idle is None or idle()) and self._engine.received_quietly(partition, position):
+                    return True
         commands = self.report(Received(partition, position, message, marker))
         return self._perform is None and any(type(command) is Deliver for command in commands)
 
-    def received_all(self, messages: list[tuple[int, Position, object, bool]]) -> list[object]:
-        """`received` for a batch (partition, position, message, marker): the messages handed over, in order. Each
-        run of quiet ones under one lock; the one that ends a run (a marker, a move back) is `received` alone, and
-        the next run starts after it (a batch of a backlog holds a W_SET every few hundred messages)."""
-        delivered: list[object] = []
-        append = delivered.append
-        lock, count, at = self._lock, len(messages), 0
-        while at < count:
-            with lock:
-                quietly = self._engine.received_quietly  # the engine stays the same under the lock
-                while at < count:
-                    partition, position, message, marker = messages[at]
-                    if marker or not quietly(partition, position):
-                        break
-                    append(message)
-                    at += 1
-            if at < count:
-                if self.received(*messages[at]):
-                    append(messages[at][2])
-                at += 1
-        return delivered
-
     def acknowledged_quietly(self, partition: int, position: Position) -> bool:
-        """The hot path of an acknowledgement: True if it changes nothing but what is outstanding (the caller sends
-        it at once); False, nothing changed: `report(Acknowledged(...))` instead."""
-        lock = self._lock
-        lock.acquire()
-        try:
-            return self._engine.acknowledged_quietly(partition, position)
-        finally:
-            lock.release()
+        """An acknowledgement through the partition's lane (no lock, see `Lane`): True, the caller sends it; False,
+        `report(Acknowledged(...))` instead."""
+        return self._engine.acknowledged_quietly(partition, position)
 
     def _feed(self, event: Event) -> None:
         """An event the feed itself read or timed: its commands carried out, the change told."""
-        with self._lock:
+        with self.lock:
             before = self._engine.current
             commands = self._engine.handle(event, time.monotonic())
             self.current = after = self._engine.current
@@ -285,7 +257,7 @@ class WatermarkFeed:
         except Exception:
             log.debug("looking up the partitions of %s failed; trying again later", self.topic, exc_info=True)
             return
-        with self._lock:
+        with self.lock:
             added = [p for p in indexes if p >= 0 and p not in self._engine.trust]
         if added:
             log.info("%s: partitions %s added; following them for subscription %r", self.topic, added,
@@ -304,7 +276,7 @@ class WatermarkFeed:
         self._feed(CaughtUp(as_of))  # everything published before `as_of` is read: events from before a seek too
 
     def _wants_caught_up(self) -> bool:
-        with self._lock:
+        with self.lock:
             return self._engine.waits_for_caught_up
 
     def _on_head(self, head: HeadWatermark) -> None:

@@ -588,3 +588,65 @@ def test_a_stale_event_taken_late_is_not_followed_by_an_older_one_read_after_it(
     drive(CaughtUp())
     drive.event(22)
     assert drive.watermark == Watermark(time_of(22))
+
+
+# -- the lanes (consumer/trust.py `Lane`): the hot path's protocol, issue 48 ----------------------------------------
+
+
+def test_a_lane_lets_through_only_what_the_engine_would_decide_nothing_about() -> None:
+    drive = Drive()
+    drive.receive(1, 2, 3)
+    drive.event(2)  # held: computed at entry 2 (1000)
+    lane = drive.engine.lanes[-1]
+    assert lane.receiving and lane.acknowledging
+    assert not drive.engine.received_quietly(-1, (L, 2, 5)), "the held event's entry: a move back, the engine's"
+    assert not drive.engine.received_quietly(-1, pos(3)), "not after the latest received: the engine's"
+    assert drive.engine.received_quietly(-1, pos(5)) and lane.after == pos(5) and lane.arrived == [pos(5)]
+    drive.event(4)  # computed at 4 while 5 is outstanding: taken (5 is after it)
+    assert lane.arrived == [] and drive.engine.trust.state(-1).outstanding == {pos(5)}, "taken in before the event"
+    assert drive.watermark == Watermark(2000, computed_at=((-1, L, 4),))
+    drive.event(6)  # computed at 6 while 5 is outstanding: distrusted, the lanes close
+    assert not lane.receiving and not lane.acknowledging
+    assert not drive.engine.received_quietly(-1, pos(7))
+    assert not drive.engine.acknowledged_quietly(-1, pos(5)), "distrusting: the engine decides (holds it)"
+    assert [type(c) for c in drive(Acknowledged(-1, pos(5), token="ack5"))] == [], "held: at or before the floor"
+
+
+def test_an_acknowledgement_through_a_lane_is_taken_in_once_whichever_way_it_races_the_engine() -> None:
+    """The lane's protocol without a lock: append, then look. Appended before the engine closes the lane: taken in
+    before the event, and sent; appended after the engine swapped the list: the lane is closed or the list is not
+    the one appended to, so the caller reports it (the engine takes it in again, to the same effect)."""
+    drive = Drive()
+    drive.receive(1, ack=False)
+    drive.receive(3, ack=False)
+    lane = drive.engine.lanes[-1]
+    before = lane.acked
+    before.append(pos(1))  # an acknowledgement of 1 appended, not yet looked at ...
+    drive.event(2)  # ... when the engine takes an event: 1 is acknowledged, 3 outstanding (after 2): taken
+    assert lane.acked is not before and drive.watermark == Watermark(1000, computed_at=((-1, L, 2),))
+    assert not (lane.acknowledging and lane.acked is before), "looked at now: reported, not sent"
+    assert drive(Acknowledged(-1, pos(1), token="ack1")) == [SendAcknowledgement("ack1")]
+    assert pos(1) not in drive.engine.trust.state(-1).outstanding
+    assert drive.engine.acknowledged_quietly(-1, pos(3)), "the usual case: open, the list appended to"
+    assert drive.engine.trust.state(-1).outstanding == set()
+
+
+def test_a_marker_through_the_lane_is_what_the_engine_makes_of_it() -> None:
+    """The shell takes an in-order marker through the lane when it is open both ways (received and acknowledged at
+    once); the engine's own handling of it leaves the same state."""
+    through_lane, through_engine = Drive(), Drive()
+    for drive in (through_lane, through_engine):
+        drive.receive(1)
+        drive.event(0)
+    lane = through_lane.engine.lanes[-1]
+    assert lane.receiving and lane.acknowledging and pos(2) > lane.after
+    lane.after = pos(2)
+    lane.arrived.append(pos(2))
+    lane.acked.append(pos(2))
+    assert [type(c) for c in through_engine(Received(-1, pos(2), token="w", marker=True))] == [
+        Skip, SendAcknowledgement
+    ]  # fmt: skip
+    mine, theirs = through_lane.engine.trust.state(-1), through_engine.engine.trust.state(-1)
+    assert (mine.outstanding, mine.last, mine.frontier, list(mine.acknowledged)) == (
+        theirs.outstanding, theirs.last, theirs.frontier, list(theirs.acknowledged)
+    )  # fmt: skip

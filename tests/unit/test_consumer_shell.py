@@ -3,6 +3,7 @@ against a hand-written fake client (tests/unit/fake_pulsar.py): threads, the inb
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -306,10 +307,14 @@ def test_the_feed_tells_a_change_and_the_hot_path_delivers_without_commands(
     assert feed.received(-1, (7, 1, -1), "m1")
     assert feed.acknowledged_quietly(-1, (7, 1, -1))
     assert not feed.received(-1, (7, 2, -1), "marker", marker=True)
-    batch = [(-1, (7, 3, -1), "m3", False), (-1, (7, 4, -1), "w", True), (-1, (7, 5, -1), "m5", False)]
-    assert feed.received_all(batch) == ["m3", "m5"]
+    lane = feed.lanes[-1]  # what the consumer's pull path does itself, under the feed's lock
+    with feed.lock:
+        assert lane.receiving and lane.after < (7, 3, -1)
+        lane.after = (7, 3, -1)
+        lane.arrived.append((7, 3, -1))
+    assert feed.received(-1, (7, 5, -1), "m5")
     client.publish_table(4, 3000)
-    assert eventually(lambda: len(changes) == 1)  # 3 and 5 are outstanding: no change (distrusted, None)
+    assert eventually(lambda: len(changes) == 1)  # 3 (through the lane) is outstanding: distrusted, None
     assert changes == [None]
     assert not feed.acknowledged_quietly(-1, (7, 3, -1))  # distrusting: the full path
 
@@ -363,12 +368,14 @@ def test_the_dispatcher_delivers_what_receive_lets_go_after_the_inbox_and_before
 
 
 def test_the_consumer_goes_through_the_feeds_api_only() -> None:
-    """Issue 34: the feed is the one owner of the engine and its lock."""
+    """Issue 34: the feed is the one owner of the engine. Issue 48: the pull path shares the engine's lanes and the
+    lock they are written under (consumer/trust.py `Lane`), and nothing else of it."""
     from pathlib import Path
 
     source = (Path(__file__).parents[2] / "consumer" / "watermark_consumer.py").read_text()
-    for reach_in in ("feed.lock", "feed.engine", "_feed._", "ConsumerEngine", "received_quietly("):
+    for reach_in in ("feed.engine", "_feed._", "ConsumerEngine", "quietly(", "engine.trust", "WatermarkTrust"):
         assert reach_in not in source, reach_in
+    assert set(re.findall(r"feed\.(l\w+)", source)) <= {"lock", "lanes"}
 
 
 # -- CompanionReader ----------------------------------------------------------------------------------------------
