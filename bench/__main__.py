@@ -20,6 +20,7 @@ from bench import (
     generator_scale,
     multi_broker,
     plugin_scale,
+    reconnect_storm,
     seek,
     spark,
 )
@@ -62,10 +63,15 @@ GROUPS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {
         _burst,
     ),
     "plugin": ("5000 topics and a new topic's first watermark, with the broker plugin (issue 33)", _plugin),
+    "storm": (
+        "a reconnect storm: producers at once on topics no generator follows, a broker with the plugin and one "
+        "without (issue 46)",
+        reconnect_storm.run,
+    ),
     "bounds": ("an abandoned subscription's memory (issue 26)", generator_bounds.abandoned_subscription_figures),
     "snapshot": ("snapshot size with producers coming and going (issue 26)", _snapshot),
 }
-OWN_CLUSTER = {"multi"}
+OWN_CLUSTER = {"multi", "storm"}
 """Groups that start a cluster of their own."""
 NO_BROKER = {"snapshot"}
 """Groups measured on the pure side only: run alone, they start no cluster."""
