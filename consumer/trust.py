@@ -262,17 +262,32 @@ def _catch_up(state: PartitionTrust) -> None:
     `last`, and the frontier), then the acknowledgements (no longer outstanding, remembered as acknowledged)."""
     lane = state.lane
     arrived = lane.arrived
+    acked: list[Position] = []
+    if lane.acked:
+        acked, lane.acked = lane.acked, []  # swapped, not cleared: see `Lane`
+    outstanding = state.outstanding
     if arrived:
         lane.arrived = []
-        state.outstanding.update(arrived)
         last = arrived[-1]
         state.last = last
         entry = last[:2]
         if state.frontier is None or entry > state.frontier:
             state.frontier = entry
-    if lane.acked:
-        acked, lane.acked = lane.acked, []  # swapped, not cleared: see `Lane`
-        state.outstanding.difference_update(acked)
+        # Usually every message let through was acknowledged in the order received, but the latest few: what stays
+        # outstanding is then the end of `arrived` (compared by identity: the same tuples), without hashing the rest.
+        done = 0
+        while done < len(acked) and acked[done] in outstanding:  # the tail of the batch before
+            outstanding.discard(acked[done])
+            done += 1
+        count = len(acked) - done
+        if arrived[:count] == acked[done:]:
+            outstanding.update(arrived[count:])
+        else:
+            outstanding.update(arrived)
+            outstanding.difference_update(acked)
+    elif acked:
+        outstanding.difference_update(acked)
+    if acked:
         acknowledged = state.acknowledged
         acknowledged.update(dict.fromkeys(acked))
         if len(acknowledged) > ACKNOWLEDGED_KEPT:

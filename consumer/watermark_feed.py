@@ -49,6 +49,9 @@ from watermark_core.protocol import HeadWatermark, Position, Watermark, Watermar
 
 log = logging.getLogger(__name__)
 
+TICK_S = 0.1
+"""How often, at most, the feed's reader ticks the engine (its time limits are seconds): not at every event read,
+which on a busy topic comes every few hundred messages and would tick as often (issue 48)."""
 PARTITION_REFRESH_S = 10.0
 """How often the feed of a partitioned topic looks for partitions added to it."""
 
@@ -138,6 +141,7 @@ class WatermarkFeed:
                 self._perform(commands)
         self._attached.set()
         self._next_refresh = time.monotonic() + self._partition_refresh_s
+        self._next_tick = 0.0
         self._companion.start()
 
     # -- what the consumer reads -------------------------------------------------------------------
@@ -267,7 +271,10 @@ class WatermarkFeed:
     # -- reading the companion topic (pulsar_access/companion.py, on its thread) ---------------------
 
     def _each_turn(self) -> None:
-        self._feed(Tick())
+        now = time.monotonic()
+        if now >= self._next_tick:
+            self._next_tick = now + TICK_S
+            self._feed(Tick())
         if self._follow_new_partitions and time.monotonic() >= self._next_refresh:
             self._refresh_partitions()
             self._next_refresh = time.monotonic() + self._partition_refresh_s
