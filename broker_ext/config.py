@@ -41,6 +41,10 @@ class GeneratorConfig:
     stats_rate: float = 10.0
     cursor_source: str = "auto"
     """"auto": the broker plugin where brokers serve it, else the admin API; "admin": the admin API only."""
+    intake: str = "consumer"
+    """Where markers and data come from: "consumer", the generator's consumer receives every message; "plugin",
+    the broker plugin finds the markers and sums the data inside the broker, and the consumer only holds the
+    partition (it receives nothing while a plugin reports the topic). Needs `cursor_source` "auto"."""
     discovery_interval_s: float = 2.0
     metrics_port: int = 9108
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
@@ -137,6 +141,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "serves it and the admin API elsewhere; 'admin' only the admin API (env WM_CURSOR_SOURCE; default auto)",
     )  # fmt: skip
     parser.add_argument(
+        "--intake", choices=("consumer", "plugin"), default=_env("WM_INTAKE", d.intake),
+        help="where markers come from: 'consumer' receives every message of a followed topic; 'plugin' has the "
+        "broker plugin find them inside the broker where it is installed, the consumer receiving only where no "
+        "plugin reports the topic (env WM_INTAKE; default consumer; docs/OPERATIONS.md)",
+    )  # fmt: skip
+    parser.add_argument(
         "--metrics-port", type=int, default=int(_env("WM_METRICS_PORT", str(d.metrics_port))),
         help="Prometheus metrics on this port, 0 to disable (env WM_METRICS_PORT; default 9108)",
     )  # fmt: skip
@@ -204,6 +214,9 @@ def from_arguments(args: argparse.Namespace) -> GeneratorConfig:
     for value, name in ((args.first_poll_s, "--first-poll-s"), (args.ack_watch_interval_s, "--ack-watch-interval-s")):
         if value < 0:
             raise ValueError(f"{name} must not be negative, got {value}")
+    if args.intake == "plugin" and args.cursor_source != "auto":
+        raise ValueError("--intake plugin needs the broker plugin for cursor positions too: leave --cursor-source at "
+                         "auto (WM_CURSOR_SOURCE)")  # fmt: skip
     keys, key_source = snapshot_keys(args.snapshot_key_file)
     return GeneratorConfig(
         namespaces=namespaces,
@@ -219,6 +232,7 @@ def from_arguments(args: argparse.Namespace) -> GeneratorConfig:
         idle_poll_interval_s=args.idle_poll_interval_s,
         stats_rate=args.stats_rate,
         cursor_source=args.cursor_source,
+        intake=args.intake,
         metrics_port=args.metrics_port,
         instance_id=args.instance_id,
         watermark_namespace=watermark_namespace(args.watermark_namespace),

@@ -51,6 +51,7 @@ from broker_ext.engine.vocabulary import (
     UnusableSnapshot,
     WriteSnapshot,
 )
+from broker_ext.intake.plugin_stream import IntakeReport
 from broker_ext.intake.source import CursorSource
 from broker_ext.loop import EventLoop
 from broker_ext.metrics import GeneratorMetrics
@@ -61,12 +62,14 @@ from pulsar_access.topics import base_topic_and_partition
 from watermark_core.protocol import (
     GENERATOR_SUBSCRIPTION,
     INCARNATION_PROPERTY,
+    LAST_BATCH_INDEX,
     MARKER_PROPERTY,
     SNAPSHOT_PRODUCER_PREFIX,
     MalformedMarker,
     MarkerKind,
     Position,
     decode_marker,
+    entry_end,
     position_of,
 )
 from watermark_core.protocol import HeadWatermark as HeadEvent
@@ -76,6 +79,9 @@ log = logging.getLogger(__name__)
 
 RECEIVER_QUEUE = 1_000
 INCARNATION_RETRY_S = 1.0
+INTAKE_STALL_S = 10.0
+"""With the plugin's intake, entries the engine has not read for this long (the plugin's reading stalled): the
+consumer receives them instead (logged)."""
 
 
 @dataclass
@@ -122,8 +128,9 @@ class PartitionIO:
         self._waiting_write: WriteSnapshot | None = None
         self._last_position: Position = BEFORE_EVERYTHING
         self._last_message: pulsar.Message | None = None
-        self._anchor: tuple[Position, pulsar.Message] | None = None
-        """The message a periodic snapshot states, acknowledged once the snapshot is durable."""
+        self._anchor: tuple[Position, pulsar.Message | None] | None = None
+        """The message a periodic snapshot states (None: handed over by the plugin), acknowledged once the snapshot
+        is durable."""
         self._was_owner = False
         self._fresh = fresh
         """The topic appeared while this generator runs (a broker's plugin saw it): it may read ahead once."""
@@ -133,6 +140,14 @@ class PartitionIO:
         self._delivered = False
         """Our consumer has delivered an entry (the read-ahead is over)."""
         self._malformed_logged: set[str] = set()
+        self._intake = False
+        """A plugin hands this partition's markers over (`--intake plugin`): our consumer's listener is paused, so
+        the broker dispatches it nothing; it only holds the partition (its Failover subscription)."""
+        self._overflow_logged = False
+        self._intake_stalled = False
+        """The plugin's reading of this partition stalled once: its consumer receives from then on."""
+        self._lagging_since: float | None = None
+        """Since when the engine's head has been behind the partition's last entry (`ReadLag`)."""
         self._labels = labels = (self.base_topic, str(self.partition))
         self._markers_applied = ctx.metrics.markers_applied.labels(*labels)
         self._read_lag = ctx.metrics.read_lag.labels(*labels)
@@ -162,6 +177,8 @@ class PartitionIO:
         cursor) with a reader meanwhile: its first watermark does not wait for that delay. The engine takes entries
         in order from either and ignores those it has (docs/DECISIONS.md, "A new topic reading ahead")."""
         ledger, entry = polled.generator_cursor
+        if self._intake:
+            return  # the plugin hands over every entry after the generator's cursor already
         if not self._fresh or self._reading_ahead or self._delivered or self.consumer is None or self.closed:
             return
         if ledger < 0:
@@ -232,6 +249,65 @@ class PartitionIO:
             self.ctx.pool.submit(_close, consumer)
             return
         self.consumer = consumer
+        if self._intake:
+            consumer.pause_message_listener()
+
+    # -- the plugin's intake (`--intake plugin`) ---------------------------------------------------------
+
+    def intake(self, report: IntakeReport | None) -> None:
+        """What the broker plugin found on this partition, in log order; None once no plugin reports it."""
+        if self.closed or self.ctx.config.intake != "plugin" or self._intake_stalled:
+            return
+        if report is None or report.overflowed:
+            if report is not None and not self._overflow_logged:
+                self._overflow_logged = True
+                log.warning("%s: the broker plugin keeps no more of this partition's markers (the generator is far "
+                            "behind): receiving them through the consumer", self.topic)  # fmt: skip
+            self._receive_through_consumer()
+            return
+        if not self._intake and report.scanned_to[1] < 0 and not report.entries:
+            return  # the plugin has not read the partition yet: its consumer goes on receiving meanwhile
+        if not self._intake:
+            self._intake = True
+            self._stop_reading_ahead()
+            if self.consumer is not None:
+                self.consumer.pause_message_listener()
+        for bad in report.malformed:
+            self._malformed(bad.error, bad.producer, bad.position)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: the plugin found %d markers and stretches up to %s", self.topic, len(report.entries),
+                      report.scanned_to)  # fmt: skip
+        entries = list(report.entries)
+        scanned = entry_end(*report.scanned_to)
+        if report.scanned_to[1] >= 0 and (not entries or scanned > entries[-1].position):
+            # entries it read and found nothing in (encrypted, malformed): the head passes them all the same
+            entries.append(EntryRead(scanned, stretch=(("", 0, 0),)))
+        for entry in entries:
+            if entry.position > self._last_position:
+                self._last_position, self._last_message = entry.position, None
+            marker = entry.marker
+            self.handle(entry, marker_read=marker is not None and marker.kind is not MarkerKind.W_SNAPSHOT)
+
+    def _watch_intake(self, lag: int) -> None:
+        """The plugin hands entries over within milliseconds of their write: a head behind for long means its
+        reading stalled, and the consumer takes over (what it delivers again, the engine skips)."""
+        if not lag:
+            self._lagging_since = None
+            return
+        now = time.monotonic()
+        if self._lagging_since is None:
+            self._lagging_since = now
+        elif self._intake and now - self._lagging_since > INTAKE_STALL_S:
+            log.warning("%s: the broker plugin handed over nothing new for %.0f s while %d entries wait: receiving "
+                        "them through the consumer", self.topic, now - self._lagging_since, lag)  # fmt: skip
+            self._intake_stalled = True
+            self._receive_through_consumer()
+
+    def _receive_through_consumer(self) -> None:
+        if self._intake:
+            self._intake = False
+            if self.consumer is not None:
+                self.consumer.resume_message_listener()  # what it kept meanwhile is older: the engine skips it
 
     def _listener(self, _consumer: pulsar.Consumer, message: pulsar.Message) -> None:
         """On the client's listener thread: hand the message to the loop (waits while the loop is far behind)."""
@@ -313,6 +389,7 @@ class PartitionIO:
             self.ctx.dispatcher.publish(command)
         elif isinstance(command, ReadLag):
             self._read_lag.set(command.entries)
+            self._watch_intake(command.entries)
         elif isinstance(command, PollCursors):
             self.ctx.poller.request(self)
         elif isinstance(command, WriteSnapshot):
@@ -392,21 +469,23 @@ class PartitionIO:
         self.ctx.pool.submit(work)
 
     def _acknowledge(self, position: Position) -> None:
-        """Move our cursor to a durable snapshot's stated position: acknowledge the message there."""
+        """Move our cursor to a durable snapshot's stated position: acknowledge the message there (the plugin's
+        intake hands no message: up to its entry when the position is a whole entry, else up to the one before,
+        since more markers of that batch may follow)."""
         anchor, self._anchor = self._anchor, None
-        if anchor is None or anchor[0] != position or self.consumer is None:
+        target = None if anchor is None or anchor[0] != position else anchor[1] or _up_to(self.partition, position)
+        if target is None or self.consumer is None:
             log.debug("%s: not acknowledging up to %s (the message there is not at hand)", self.topic, position[:2])
             return
         try:
-            self.consumer.acknowledge_cumulative(anchor[1])
+            self.consumer.acknowledge_cumulative(target)
         except pulsar.PulsarException as exc:  # the next snapshot acknowledges further
             log.debug("%s: acknowledging up to %s failed: %s", self.topic, position[:2], exc)
 
     def _write(self, command: WriteSnapshot) -> None:
         if command.periodic:
             at_hand = self._last_position == command.state.position
-            message = self._last_message
-            self._anchor = (self._last_position, message) if at_hand and message is not None else None
+            self._anchor = (self._last_position, self._last_message) if at_hand else None
         if self._producer is None:
             self._waiting_write = command
             if not self._creating_producer:
@@ -488,6 +567,14 @@ class PartitionIO:
             if closable is not None:
                 self.ctx.pool.submit(_close, closable)
         self.consumer = self._producer = None
+
+
+def _up_to(partition: int, position: Position) -> pulsar.MessageId | None:
+    """What a cumulative acknowledgement may name to cover `position` and nothing after it in the log."""
+    ledger, entry, batch = position
+    if batch < 0 or batch == LAST_BATCH_INDEX:  # a message alone, or all the entry was read
+        return pulsar.MessageId(partition, ledger, entry, -1)
+    return pulsar.MessageId(partition, ledger, entry - 1, -1) if entry > 0 else None
 
 
 def _close(closable: pulsar.Consumer | pulsar.Producer) -> None:

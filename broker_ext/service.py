@@ -86,7 +86,8 @@ class GeneratorService:
         if config.cursor_source == "auto":
             self.cursors = PluginCursors(self.loop, self.admin, self.poller, self.admin_pool,
                                          count=lambda call: self.metrics.admin_calls.labels(call).inc(),
-                                         fresh=self._fresh_topics, namespaces=self._namespaces())  # fmt: skip
+                                         fresh=self._fresh_topics, namespaces=self._namespaces(),
+                                         intake=config.intake == "plugin")  # fmt: skip
         else:
             log.info("reading cursor positions through the admin API (--cursor-source admin): one internal-stats "
                      "call per topic and acknowledgement (docs/OPERATIONS.md)")  # fmt: skip

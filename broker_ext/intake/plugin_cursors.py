@@ -26,6 +26,7 @@ from typing import Any
 
 from broker_ext.engine.vocabulary import CursorsPolled
 from broker_ext.intake.admin_polling import CursorPoller
+from broker_ext.intake.plugin_stream import intake_report
 from broker_ext.intake.source import Followed
 from broker_ext.loop import EventLoop
 from pulsar_access.admin import AdminError, PluginMissing, PulsarAdmin
@@ -83,8 +84,10 @@ class PluginCursors:
     def __init__(
         self, loop: EventLoop, admin: PulsarAdmin, poller: CursorPoller, pool: Executor,
         count: Callable[[str], None] = lambda call: None, fresh: Callable[[list[str]], None] = lambda topics: None,
-        namespaces: Sequence[str] = (),
+        namespaces: Sequence[str] = (), intake: bool = False,
     ) -> None:  # fmt: skip
+        self.intake = intake
+        """Ask each plugin for the markers it finds (`--intake plugin`): handed to the partitions we own."""
         self.namespaces = tuple(namespaces)
         """Those followed: each plugin tells of their topics only (none: every topic it serves)."""
         self.fresh = fresh
@@ -102,6 +105,11 @@ class PluginCursors:
         self._absent: dict[str, float] = {}
         """Broker -> when it answered without the plugin (loop thread)."""
         self._looked_up: dict[str, float] = {}
+        self._missed: set[str] = set()
+        """Topics whose intake a plugin told while they were not ours (loop thread): once one is, what the plugin
+        keeps of it is asked for again (a full answer), since what was told meanwhile does not come twice."""
+        self._refetch: set[str] = set()
+        """Brokers whose next poll asks for everything (a full answer): written on the loop, read by its poll."""
         self._stopping = threading.Event()
         self._said_path = False
 
@@ -123,6 +131,7 @@ class PluginCursors:
     def remove(self, partition: Followed) -> None:
         self._followed.pop(partition.topic, None)
         self._looked_up.pop(partition.topic, None)
+        self._missed.discard(partition.topic)
         self.poller.remove(partition)
 
     def owned(self, partition: Followed) -> None:
@@ -179,13 +188,32 @@ class PluginCursors:
             pushed = Pushed(broker, polled, owner)
             self._pushed[topic] = pushed
             partition = self._followed.get(topic)
+            found = report.get("intake")
             if partition is None or partition.closed:
+                if found is not None:
+                    self._missed.add(topic)
                 continue
             self.poller.pushed(partition, True)
+            if found is not None:
+                self._hand_intake(broker, partition, owner, found)
             if partition.owner or partition.wants_cursors:
                 self._deliver(partition, pushed)
             elif owner == partition.consumer_name:
                 partition.named_owner(polled)  # the broker chose us; it delivers a second later
+
+    def _hand_intake(self, broker: str, partition: Followed, owner: str | None, found: Mapping[str, Any]) -> None:
+        """What the plugin found, to the partition if it is ours (before the cursors: its first entry makes the
+        engine the owner); each item is told once, so a partition that missed some gets all kept at the next poll."""
+        if owner != partition.consumer_name and not (owner is None and partition.owner):
+            self._missed.add(partition.topic)
+            return
+        if partition.topic in self._missed:
+            self._missed.discard(partition.topic)
+            self._refetch.add(broker)
+        try:
+            partition.intake(intake_report(found))
+        except ValueError as exc:
+            log.warning("%s: %s", partition.topic, exc)
 
     def _forget(self, broker: str, topics: list[str]) -> None:
         """The broker no longer serves these topics (moved, unloaded, deleted, or it went away): admin reads
@@ -198,6 +226,8 @@ class PluginCursors:
             partition = self._followed.get(topic)
             if partition is not None and not partition.closed:
                 self.poller.pushed(partition, False)
+                if self.intake:
+                    partition.intake(None)  # no plugin finds its markers now: the consumer receives them
                 if partition.owner:
                     self.poller.owned(partition)
                     self.poller.request(partition)
@@ -254,8 +284,13 @@ class PluginCursors:
         epoch, seq = "", -1
         retry_s, failing_since = 0.0, None
         while not self._stopping.is_set():
+            known = "" if broker in self._refetch else epoch  # another run's epoch: everything the plugin keeps
+            self._refetch.discard(broker)
             try:
-                answer = self.admin.plugin_changes(broker, epoch, seq, 0 if seq < 0 else LONG_POLL_MS, self.namespaces)
+                answer = self.admin.plugin_changes(
+                    broker, known, seq, 0 if seq < 0 or not known else LONG_POLL_MS, self.namespaces,
+                    intake=self.intake,
+                )
             except PluginMissing as exc:
                 self.loop.post(functools.partial(self._plugin_missing, broker, str(exc)))
                 return

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from broker_ext.engine.vocabulary import CursorsPolled
+from broker_ext.intake.plugin_stream import IntakeReport
 
 
 class Followed(Protocol):
@@ -27,6 +28,11 @@ class Followed(Protocol):
     def lost(self, owner: str) -> None: ...
 
     def named_owner(self, polled: CursorsPolled) -> None: ...
+
+    def intake(self, report: IntakeReport | None) -> None:
+        """What the plugin found on the partition since its last answer, or None once no plugin reports it (only
+        while the generator asks for the intake)."""
+        ...
 
 
 class CursorSource(Protocol):

@@ -211,7 +211,7 @@ def test_a_poll_of_a_broker_that_went_away_ends_and_lookups_of_removed_topics_ar
     monkeypatch.setattr(module, "GIVE_UP_AFTER_S", 0.05)
     gone = "http://127.0.0.1:9"
 
-    def unreachable(broker: str, *args: object) -> dict[str, Any]:
+    def unreachable(broker: str, *args: object, **kwargs: object) -> dict[str, Any]:
         raise module.AdminError(f"connection refused: {broker}")
 
     cursors, partition = _cursors(), _partition()
@@ -226,3 +226,36 @@ def test_a_poll_of_a_broker_that_went_away_ends_and_lookups_of_removed_topics_ar
     assert T0 in cursors._looked_up
     cursors.remove(partition)
     assert T0 not in cursors._looked_up
+
+
+def test_with_the_intake_what_a_plugin_found_goes_to_the_partition_it_chose_and_back_to_its_consumer_after() -> None:
+    cursors, ours, theirs = _cursors(), _partition(T0), _partition(T0 + "-other")
+    cursors.intake = True
+    handed: dict[str, list[Any]] = {T0: [], T0 + "-other": []}
+    for partition in (ours, theirs):
+        partition.intake = handed[partition.topic].append
+        cursors.add(partition)
+    found = {"found": [{"data": [5, 3, -1], "producers": {"a": [2, 7]}}], "scannedTo": [5, 3], "overflowed": False}
+    topics = {T0: {**_report(3, owner="c"), "intake": found}, T0 + "-other": {**_report(3, owner="d"), "intake": found}}
+    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": topics, "gone": []})
+    (report,) = handed[T0]
+    assert [e.stretch for e in report.entries] == [(("a", 2, 7),)] and report.scanned_to == (5, 3)
+    assert handed[T0 + "-other"] == []  # another generator's consumer holds it
+    cursors._answered(B1, {"epoch": "e", "seq": 2, "full": False, "topics": {}, "gone": [T0]})
+    assert handed[T0][-1] is None  # no plugin reports it now: its consumer receives again
+
+
+def test_a_partition_that_missed_what_the_plugin_told_while_it_was_not_ours_asks_for_all_it_keeps() -> None:
+    cursors, partition = _cursors(), _partition()
+    cursors.intake = True
+    handed: list[Any] = []
+    partition.intake = handed.append
+    partition.owner = False
+    cursors.add(partition)
+    found = {"found": [{"data": [5, 3, -1], "producers": {"a": [2, 7]}}], "scannedTo": [5, 3], "overflowed": False}
+    topics = {T0: {**_report(3, owner="d"), "intake": found}}
+    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": False, "topics": topics, "gone": []})
+    assert handed == [] and B1 not in cursors._refetch  # another generator's
+    topics = {T0: {**_report(3, owner="c"), "intake": found}}
+    cursors._answered(B1, {"epoch": "e", "seq": 2, "full": False, "topics": topics, "gone": []})
+    assert len(handed) == 1 and B1 in cursors._refetch  # ours now: the next poll asks for everything kept

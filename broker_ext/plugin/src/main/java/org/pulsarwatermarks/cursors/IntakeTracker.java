@@ -22,8 +22,12 @@ import org.slf4j.LoggerFactory;
  * meet the readers; the logic is in the plain classes. One thread of its own scans every topic's entries.
  */
 final class IntakeTracker implements CursorTracker.Followers, AutoCloseable {
-    /** A generator far behind (or gone) for this many markers and stretches: it reads the log itself. */
-    static final int KEPT_PER_TOPIC = 100_000;
+    /**
+     * A generator behind by this many markers and stretches (about 150 B each) reads the log itself. A generator
+     * acknowledges at every snapshot (10 s or 1000 messages by default), so a topic keeps far fewer; there is no
+     * bound over all topics yet (docs/DECISIONS.md, issue 47).
+     */
+    static final int KEPT_PER_TOPIC = 10_000;
     /** A namespace whose generator asked for the intake is read this long after its last poll that asked. */
     private static final long ASKED_FOR_MS = 90_000;
     private static final Logger log = LoggerFactory.getLogger(IntakeTracker.class);

@@ -25,6 +25,7 @@ final class TopicReader implements AsyncCallbacks.ReadEntriesCallback {
     private static final int ENTRIES_PER_READ = 500;
     private static final long RETRY_MS = 500;
     private static final Logger log = LoggerFactory.getLogger(TopicReader.class);
+    private static final java.util.concurrent.atomic.AtomicLong OPENED = new java.util.concurrent.atomic.AtomicLong();
 
     /** Where read entries go, on the intake's thread; the reader releases them after. */
     interface Sink {
@@ -51,7 +52,9 @@ final class TopicReader implements AsyncCallbacks.ReadEntriesCallback {
     static TopicReader open(String topic, ManagedLedger ledger, TopicCursors.Position after,
             ScheduledExecutorService thread, Sink sink) throws ManagedLedgerException {
         Position start = PositionFactory.create(after.ledger(), after.entry());
-        ManagedCursor cursor = ledger.newNonDurableCursor(start, CURSOR_NAME);
+        // a name of its own: the ledger hands back a cursor of the same name still open (one being removed)
+        ManagedCursor cursor = ledger.newNonDurableCursor(start, CURSOR_NAME + "-" + OPENED.incrementAndGet());
+        cursor.setActive(); // a non-durable cursor waiting for entries is woken by a new one only while active
         TopicReader reader = new TopicReader(topic, ledger, cursor, thread, sink);
         reader.readMore();
         return reader;
