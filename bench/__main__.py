@@ -15,6 +15,7 @@ from pathlib import Path
 from bench import (
     burst,
     client_throughput,
+    data_heavy,
     generator,
     generator_bounds,
     generator_scale,
@@ -67,6 +68,11 @@ GROUPS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {
         "a reconnect storm: producers at once on topics no generator follows, a broker with the plugin and one "
         "without (issue 46)",
         reconnect_storm.run,
+    ),
+    "heavy": (
+        "a data-heavy topic: the generator's and the broker's CPU per 1000 data messages, markers found by the "
+        "plugin's intake, by the consumer, and without the plugin (issue 47)",
+        data_heavy.run,
     ),
     "bounds": ("an abandoned subscription's memory (issue 26)", generator_bounds.abandoned_subscription_figures),
     "snapshot": ("snapshot size with producers coming and going (issue 26)", _snapshot),
