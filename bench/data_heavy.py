@@ -34,6 +34,15 @@ ROUNDS = 2
 SETTLE_LIMIT_S = 60.0
 
 
+def _sent(result: pulsar.Result, _message_id: pulsar.MessageId) -> None:
+    """A send's outcome: the client calls back with every send (a failure fails the test or bench at its end)."""
+    if result != pulsar.Result.Ok:
+        _failed_sends.append(result)
+
+
+_failed_sends: list[pulsar.Result] = []
+
+
 def _load(client: pulsar.Client, topic: str, start_event_time: int) -> int:
     """Both producers' messages and W_SETs, sent as fast as the client takes them; the messages sent."""
 
@@ -46,11 +55,13 @@ def _load(client: pulsar.Client, topic: str, start_event_time: int) -> int:
         event_time = start_event_time
         for sent in range(MESSAGES_PER_PRODUCER):
             if sent % WSET_EVERY == 0:
-                producer.send_async(encode_set(event_time), None, properties={MARKER_PROPERTY: MarkerKind.W_SET.value})
-            producer.send_async(PAYLOAD, None, event_timestamp=event_time + 1)
+                producer.send_async(encode_set(event_time), _sent, properties={MARKER_PROPERTY: MarkerKind.W_SET.value})
+            producer.send_async(PAYLOAD, _sent, event_timestamp=event_time + 1)
             event_time += 1
         producer.flush()
         producer.close()
+        if _failed_sends:
+            raise RuntimeError(f"sends failed: {_failed_sends[:5]}")
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(PRODUCERS)]
     for thread in threads:

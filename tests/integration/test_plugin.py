@@ -22,6 +22,15 @@ from tests.integration.helpers import Recorder, wait_until, watermarks
 from watermark_core.protocol import GENERATOR_SUBSCRIPTION, MARKER_PROPERTY, MarkerKind, encode_set
 
 
+def _sent(result: pulsar.Result, _message_id: pulsar.MessageId) -> None:
+    """A send's outcome: the client calls back with every send (a failure fails the test or bench at its end)."""
+    if result != pulsar.Result.Ok:
+        _failed_sends.append(result)
+
+
+_failed_sends: list[pulsar.Result] = []
+
+
 class Changes:
     """A generator's view of one broker's plugin: the long poll, and each topic as it was told last."""
 
@@ -232,8 +241,8 @@ def test_the_plugins_intake_finds_a_plain_batching_producers_markers_in_order_an
     )  # fmt: skip
     for stretch in range(3):
         for i in range(100):
-            producer.send_async(b"data", None, event_timestamp=1_000 * stretch + i + 1)
-        producer.send_async(encode_set(1_000 * (stretch + 1)), None, properties={MARKER_PROPERTY: "W_SET"})
+            producer.send_async(b"data", _sent, event_timestamp=1_000 * stretch + i + 1)
+        producer.send_async(encode_set(1_000 * (stretch + 1)), _sent, properties={MARKER_PROPERTY: "W_SET"})
     producer.flush()
     last = producer.send(b"last", event_timestamp=5_000)
 
@@ -248,7 +257,7 @@ def test_the_plugins_intake_finds_a_plain_batching_producers_markers_in_order_an
 
     wait_until(scanned_to_the_end, what="the plugin to read the topic to its last entry")
     report = kept()
-    assert report is not None and not report.malformed and not report.overflowed
+    assert report is not None and not report.malformed and not report.overflowed and not _failed_sends
     markers = [e for e in report.entries if e.marker is not None]
     assert [(m.marker.kind, m.marker.event_time, m.marker.producer) for m in markers if m.marker] == [
         (MarkerKind.W_SET, 1_000 * (i + 1), "plain-batching") for i in range(3)
