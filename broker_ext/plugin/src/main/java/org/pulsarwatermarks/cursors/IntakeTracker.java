@@ -148,7 +148,7 @@ final class IntakeTracker implements CursorTracker.Followers, AutoCloseable {
         TopicIntake intake = reading.intake();
         if (!report.found(topic, seq -> {
             found.forEach(add -> add.accept(intake, seq));
-            intake.scannedTo(scanned, seq);
+            intake.scannedTo(scanned);
         })) {
             unfollowed(topic); // no longer reported here
         }

@@ -52,7 +52,6 @@ public final class TopicIntake {
     private final int limit;
     private final Deque<Found> found = new ArrayDeque<>();
     private TopicCursors.Position scannedTo = new TopicCursors.Position(-1, -1);
-    private long scannedSeq = -1;
     private TopicCursors.Position acknowledged = new TopicCursors.Position(-1, -1);
     private TopicCursors.Position droppedTo = null;
 
@@ -85,10 +84,9 @@ public final class TopicIntake {
     }
 
     /** Every entry up to {@code position} was scanned (with or without anything found). */
-    public void scannedTo(TopicCursors.Position position, long seq) {
+    public void scannedTo(TopicCursors.Position position) {
         if (compare(position, scannedTo) > 0) {
             scannedTo = position;
-            scannedSeq = seq;
         }
     }
 
@@ -116,11 +114,6 @@ public final class TopicIntake {
             }
         }
         return new Batch(fresh, scannedTo, droppedTo != null);
-    }
-
-    /** Whether anything was found or scanned since report {@code seq}. */
-    public boolean changedSince(long seq) {
-        return scannedSeq > seq || !since(seq).found().isEmpty() || droppedTo != null;
     }
 
     public int size() {

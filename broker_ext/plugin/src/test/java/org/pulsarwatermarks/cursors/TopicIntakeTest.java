@@ -36,7 +36,7 @@ class TopicIntakeTest {
         intake.data("a", 5, 3, -1, 5, 200, 3);
         intake.marker(marker(4, "a", "W_SET"), 4);
         intake.data("a", 5, 5, -1, 1, MarkerScanner.NO_EVENT_TIME, 5);
-        intake.scannedTo(new TopicCursors.Position(5, 6), 6);
+        intake.scannedTo(new TopicCursors.Position(5, 6));
         TopicIntake.Batch batch = intake.since(-1);
         assertEquals(List.of(
                 "data 5:1..5:3 {a=Stretch[messages=15, lowestEventTime=200], b=Stretch[messages=1, lowestEventTime=250]}",
