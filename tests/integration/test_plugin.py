@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 from bench.common import metric_samples
 from broker_ext.intake.plugin_stream import IntakeReport, intake_report
 from consumer import WatermarkConsumer
+from consumer.watermark_feed import WatermarkFeed
 from devtools.local_cluster import free_port
 from producer import WatermarkProducer
 from pulsar_access.admin import AdminError, PulsarAdmin
@@ -277,6 +280,72 @@ def test_the_plugins_intake_finds_a_plain_batching_producers_markers_in_order_an
     wait_until(forgotten, what="the plugin to forget what the generator's subscription acknowledged")
     follower.close()
     producer.close()
+
+
+@pytest.mark.parametrize("intake", ["plugin", "consumer"])
+def test_a_data_heavy_flush_moves_the_watermark_with_either_intake_and_counts_a_late_message(
+    intake: str, pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """A plain batching producer writes 1000 data messages, then a W_SET, and flushes, three times: each watermark
+    comes, and a producer's late message is counted.
+    With `--intake plugin` the generator's consumer is dispatched at most what it took before the first report.
+    The application is a plain consumer that acknowledges everything; the watermarks are read as a consumer reads
+    them (`WatermarkFeed`)."""
+    metrics_port = free_port()
+    generator = GeneratorProcess(pulsar_settings, tmp_path / "generator.log", f"intake-{intake}", "DEBUG",
+                                 WM_NAMESPACES=namespace, WM_INTAKE=intake,
+                                 WM_METRICS_PORT=str(metrics_port)).start()  # fmt: skip
+    topic = f"persistent://{namespace}/intake-{uuid.uuid4().hex[:8]}"
+    seen: list[int] = []
+    stop = threading.Event()
+    try:
+        wait_until(lambda: "cursor positions come from the broker plugin" in generator.log_text(),
+                   what="the generator's first plugin answer", timeout_s=30)  # fmt: skip
+        app = pulsar_client.subscribe(topic, "app")
+
+        def acknowledge_everything() -> None:  # on a thread of its own: the client's listener thread is shared
+            while not stop.is_set():
+                with contextlib.suppress(pulsar.Timeout):
+                    app.acknowledge(app.receive(200))
+
+        acknowledging = threading.Thread(target=acknowledge_everything, daemon=True)
+        acknowledging.start()
+        feed = WatermarkFeed(pulsar_client, topic, "app", lambda w: seen.append(w.event_time) if w else None)
+        producer = pulsar_client.create_producer(
+            topic, producer_name="plain", batching_enabled=True, batching_max_messages=100,
+            batching_max_publish_delay_ms=10, block_if_queue_full=True,  # 1001 sends: past the default queue of 1000
+        )  # fmt: skip
+        for step in range(1, 4):
+            for i in range(1_000):
+                producer.send_async(b"data", _sent, event_timestamp=step * 1_000 + i)
+            producer.send_async(encode_set(step * 1_000), _sent, properties={MARKER_PROPERTY: "W_SET"})
+            producer.flush()
+            assert not _failed_sends, f"sends failed: {_failed_sends}"
+            try:
+                wait_until(lambda s=step: s * 1_000 in seen, what=f"the watermark {step * 1_000}", timeout_s=30)
+            except AssertionError:
+                generator.dump_stacks()
+                time.sleep(1)
+                raise
+        producer.send(b"late", event_timestamp=10)  # below its own 3000
+
+        def broken() -> float:
+            return sum(metric_samples(metrics_port, "wm_broken_assertions_total", topic=topic))
+
+        wait_until(lambda: broken() >= 1, what="the late message counted")
+        assert sorted(set(seen)) == [1_000, 2_000, 3_000] and not _failed_sends
+        dispatched = admin.topic_stats(topic)["subscriptions"][GENERATOR_SUBSCRIPTION]["msgOutCounter"]
+        if intake == "plugin":
+            assert dispatched <= 1_500, f"the generator's consumer was dispatched {dispatched} of 3004 messages"
+        stop.set()
+        acknowledging.join()
+        feed.close()
+        app.close()
+        producer.close()
+    finally:
+        stop.set()
+        generator.stop()
 
 
 def _message_at(consumer: pulsar.Consumer, position: tuple[int, int, int]) -> pulsar.Message:
