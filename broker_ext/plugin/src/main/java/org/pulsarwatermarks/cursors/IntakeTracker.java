@@ -9,7 +9,9 @@ import java.util.concurrent.ScheduledExecutorService;
 import java.util.function.LongSupplier;
 import org.apache.bookkeeper.mledger.Entry;
 import org.apache.bookkeeper.mledger.ManagedLedgerException;
+import org.apache.bookkeeper.mledger.PositionFactory;
 import org.apache.pulsar.broker.service.persistent.PersistentTopic;
+import org.apache.pulsar.client.api.transaction.TxnID;
 import org.apache.pulsar.common.naming.TopicName;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -32,7 +34,7 @@ final class IntakeTracker implements CursorTracker.Followers, AutoCloseable {
     private static final long ASKED_FOR_MS = 90_000;
     private static final Logger log = LoggerFactory.getLogger(IntakeTracker.class);
 
-    private record Reading(TopicReader reader, TopicIntake intake) {}
+    private record Reading(PersistentTopic topic, TopicReader reader, TopicIntake intake) {}
 
     private final CursorReport report;
     private final LongSupplier clock;
@@ -87,8 +89,9 @@ final class IntakeTracker implements CursorTracker.Followers, AutoCloseable {
             }
             TopicIntake intake = new TopicIntake(KEPT_PER_TOPIC);
             try {
-                TopicReader reader = TopicReader.open(name, topic.getManagedLedger(), acknowledged, thread, this::read);
-                reading = new Reading(reader, intake);
+                TopicReader reader = TopicReader.open(name, topic.getManagedLedger(), topic::getMaxReadPosition,
+                        acknowledged, thread, this::read);
+                reading = new Reading(topic, reader, intake);
                 readings.put(name, reading);
                 log.info("watermark-cursors: reading {} for its markers from {}", name, acknowledged);
             } catch (ManagedLedgerException | RuntimeException e) {
@@ -129,6 +132,12 @@ final class IntakeTracker implements CursorTracker.Followers, AutoCloseable {
                     long lowestEventTime) {
                 found.add((intake, seq) -> intake.data(producer, ledgerId, entryId, lastBatchIndex, messages,
                         lowestEventTime, seq));
+            }
+
+            @Override
+            public boolean aborted(long txnMostBits, long txnLeastBits, long ledgerId, long entryId) {
+                return reading.topic().isTxnAborted(new TxnID(txnMostBits, txnLeastBits),
+                        PositionFactory.create(ledgerId, entryId));
             }
         };
         int unreadable = 0;

@@ -29,7 +29,7 @@ public final class MarkerScanner {
     public static final long NO_EVENT_TIME = Long.MAX_VALUE;
 
     /** What an entry held. */
-    public enum Outcome { DATA, MARKERS, ENCRYPTED, MALFORMED }
+    public enum Outcome { DATA, MARKERS, ENCRYPTED, MALFORMED, ABORTED }
 
     /**
      * A marker found: the entry, its index in a batch ({@code -1} and size 0 when sent alone), the producer,
@@ -49,6 +49,14 @@ public final class MarkerScanner {
          * ({@code -1} for a message sent alone), and the lowest event time ({@link #NO_EVENT_TIME}: none).
          */
         void data(String producer, long ledgerId, long entryId, int lastBatchIndex, int messages, long lowestEventTime);
+
+        /**
+         * Whether the Pulsar transaction of an entry was aborted: consumers never see its messages, so nothing of it
+         * is reported. Asked only of entries sent in a transaction; the broker's transaction buffer answers.
+         */
+        default boolean aborted(long txnMostBits, long txnLeastBits, long ledgerId, long entryId) {
+            return false;
+        }
     }
 
     private final MessageMetadata metadata = new MessageMetadata();
@@ -69,6 +77,9 @@ public final class MarkerScanner {
         String producer = metadata.getProducerName();
         long publishTime = metadata.getPublishTime();
         boolean transactional = metadata.hasTxnidMostBits() || metadata.hasTxnidLeastBits();
+        if (transactional && sink.aborted(metadata.getTxnidMostBits(), metadata.getTxnidLeastBits(), ledgerId, entryId)) {
+            return Outcome.ABORTED;
+        }
         if (!metadata.hasNumMessagesInBatch()) {
             String kind = markerKind(metadata.getPropertiesCount(), metadata::getPropertyAt);
             if (kind == null) {

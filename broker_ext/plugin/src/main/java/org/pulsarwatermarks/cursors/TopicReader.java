@@ -3,6 +3,7 @@ package org.pulsarwatermarks.cursors;
 import java.util.List;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
+import java.util.function.Supplier;
 import org.apache.bookkeeper.mledger.AsyncCallbacks;
 import org.apache.bookkeeper.mledger.Entry;
 import org.apache.bookkeeper.mledger.ManagedCursor;
@@ -18,12 +19,16 @@ import org.slf4j.LoggerFactory;
  * (entries just written come from the broker's cache): the edge where Pulsar's managed ledger is adapted for the
  * intake. Each batch read is handed to {@code sink} on the intake's one thread, which scans it
  * ({@link MarkerScanner}); the next read is asked for only after that, so batches arrive in order. Retention is
- * the durable {@code __wm_generator} subscription's job, not this cursor's.
+ * the durable {@code __wm_generator} subscription's job, not this cursor's. As the broker's dispatchers do, it reads
+ * no further than the topic's max read position: the entries of a Pulsar transaction still open wait there until it
+ * commits or aborts (the tracker passes over those of aborted ones).
  */
 final class TopicReader implements AsyncCallbacks.ReadEntriesCallback {
     static final String CURSOR_NAME = "__wm_intake";
     private static final int ENTRIES_PER_READ = 500;
     private static final long RETRY_MS = 500;
+    /** How soon to look again while an open transaction holds the reading back. */
+    private static final long HELD_MS = 100;
     private static final Logger log = LoggerFactory.getLogger(TopicReader.class);
     private static final java.util.concurrent.atomic.AtomicLong OPENED = new java.util.concurrent.atomic.AtomicLong();
 
@@ -35,39 +40,51 @@ final class TopicReader implements AsyncCallbacks.ReadEntriesCallback {
     private final String topic;
     private final ManagedLedger ledger;
     private final ManagedCursor cursor;
+    private final Supplier<Position> readable;
     private final ScheduledExecutorService thread;
     private final Sink sink;
     private volatile boolean closed;
+    private volatile Position limit = PositionFactory.EARLIEST; // the max read position the pending read was asked with
 
-    private TopicReader(String topic, ManagedLedger ledger, ManagedCursor cursor, ScheduledExecutorService thread,
-            Sink sink) {
+    private TopicReader(String topic, ManagedLedger ledger, ManagedCursor cursor, Supplier<Position> readable,
+            ScheduledExecutorService thread, Sink sink) {
         this.topic = topic;
         this.ledger = ledger;
         this.cursor = cursor;
+        this.readable = readable;
         this.thread = thread;
         this.sink = sink;
     }
 
-    /** Reads {@code topic} from the entry after {@code after} (the generator's mark-delete position) on. */
-    static TopicReader open(String topic, ManagedLedger ledger, TopicCursors.Position after,
-            ScheduledExecutorService thread, Sink sink) throws ManagedLedgerException {
+    /**
+     * Reads {@code topic} from the entry after {@code after} (the generator's mark-delete position) on, up to
+     * {@code readable} (the topic's max read position) at each read.
+     */
+    static TopicReader open(String topic, ManagedLedger ledger, Supplier<Position> readable,
+            TopicCursors.Position after, ScheduledExecutorService thread, Sink sink) throws ManagedLedgerException {
         Position start = PositionFactory.create(after.ledger(), after.entry());
         // a name of its own: the ledger hands back a cursor of the same name still open (one being removed)
         ManagedCursor cursor = ledger.newNonDurableCursor(start, CURSOR_NAME + "-" + OPENED.incrementAndGet());
         cursor.setActive(); // a non-durable cursor waiting for entries is woken by a new one only while active
-        TopicReader reader = new TopicReader(topic, ledger, cursor, thread, sink);
+        TopicReader reader = new TopicReader(topic, ledger, cursor, readable, thread, sink);
         reader.readMore();
         return reader;
     }
 
     private void readMore() {
         if (!closed) {
-            cursor.asyncReadEntriesOrWait(ENTRIES_PER_READ, this, null, PositionFactory.LATEST);
+            limit = readable.get();
+            cursor.asyncReadEntriesOrWait(ENTRIES_PER_READ, this, null, limit);
         }
     }
 
     @Override
     public void readEntriesComplete(List<Entry> entries, Object ctx) {
+        if (entries.isEmpty()) { // nothing up to the limit: it moved since the read was asked (read on), or is held
+            boolean held = readable.get().compareTo(limit) <= 0;
+            thread.schedule(this::readMore, held ? HELD_MS : 0, TimeUnit.MILLISECONDS);
+            return;
+        }
         thread.execute(() -> {
             try {
                 if (!closed) {

@@ -33,7 +33,7 @@ class MarkerScannerTest {
     }
 
     /** What the scanner reported, and in which order. */
-    static final class Found implements MarkerScanner.Sink {
+    static class Found implements MarkerScanner.Sink {
         final List<MarkerScanner.Marker> markers = new ArrayList<>();
         final List<String> data = new ArrayList<>();
         final List<String> order = new ArrayList<>();
@@ -130,6 +130,30 @@ class MarkerScannerTest {
         metadata.addProperty().setKey(MarkerScanner.MARKER_PROPERTY).setValue("W_SET");
         ByteBuf entry = Commands.serializeMetadataAndPayload(Commands.ChecksumType.Crc32c, metadata, bytes("s"));
         assertTrue(scan(entry, MarkerScanner.Outcome.MARKERS).markers.get(0).transactional());
+    }
+
+    @Test
+    void anEntryOfAnAbortedPulsarTransactionIsPassedOverWithNothingFound() {
+        // consumers never see it, so the generator must not fold it: the sink says which transactions aborted
+        List<String> asked = new ArrayList<>();
+        Found found = new Found() {
+            @Override
+            public boolean aborted(long txnMostBits, long txnLeastBits, long ledgerId, long entryId) {
+                asked.add(txnMostBits + ":" + txnLeastBits + "@" + ledgerId + ":" + entryId);
+                return txnLeastBits == 2;
+            }
+        };
+        for (long least : new long[] {2, 3}) {
+            ByteBuf batch = batch(CompressionType.NONE, Message.marker("W_SET", "s")); // a batch, as a client sends
+            ByteBuf body = batch.duplicate();
+            MessageMetadata metadata = Commands.parseMessageMetadata(body); // its metadata, now in a transaction
+            metadata.setTxnidMostBits(1).setTxnidLeastBits(least);
+            ByteBuf entry = Commands.serializeMetadataAndPayload(Commands.ChecksumType.Crc32c, metadata, body);
+            MarkerScanner.Outcome outcome = new MarkerScanner().scan(entry, 5, 9, found);
+            assertEquals(least == 2 ? MarkerScanner.Outcome.ABORTED : MarkerScanner.Outcome.MARKERS, outcome);
+        }
+        assertEquals(List.of("1:2@5:9", "1:3@5:9"), asked);
+        assertEquals(List.of("W_SET"), found.order); // the committed (or open) one only
     }
 
     @Test
