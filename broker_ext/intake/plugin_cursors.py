@@ -203,13 +203,15 @@ class PluginCursors:
 
     def _hand_intake(self, broker: str, partition: Followed, owner: str | None, found: Mapping[str, Any]) -> None:
         """What the plugin found, to the partition if it is ours (before the cursors: its first entry makes the
-        engine the owner); each item is told once, so a partition that missed some gets all kept at the next poll."""
+        engine the owner); each item is told once, so a partition that missed some gets all kept at the next poll,
+        and nothing before it."""
         if owner != partition.consumer_name and not (owner is None and partition.owner):
             self._missed.add(partition.topic)
             return
-        if partition.topic in self._missed:
+        if partition.topic in self._missed:  # this answer lacks what was told before: the next one has all kept
             self._missed.discard(partition.topic)
             self._refetch.add(broker)
+            return  # handed, its `scannedTo` would pass the missed entries over as read
         try:
             partition.intake(intake_report(found))
         except ValueError as exc:

@@ -256,6 +256,13 @@ def test_a_partition_that_missed_what_the_plugin_told_while_it_was_not_ours_asks
     topics = {T0: {**_report(3, owner="d"), "intake": found}}
     cursors._answered(B1, {"epoch": "e", "seq": 1, "full": False, "topics": topics, "gone": []})
     assert handed == [] and B1 not in cursors._refetch  # another generator's
-    topics = {T0: {**_report(3, owner="c"), "intake": found}}
+    later = {"found": [], "scannedTo": [5, 4], "overflowed": False}  # told since: without what was missed
+    topics = {T0: {**_report(3, owner="c"), "intake": later}}
     cursors._answered(B1, {"epoch": "e", "seq": 2, "full": False, "topics": topics, "gone": []})
-    assert len(handed) == 1 and B1 in cursors._refetch  # ours now: the next poll asks for everything kept
+    # ours now: not handed (the engine would take the entries passed over for read), the next poll asks for all kept
+    assert handed == [] and B1 in cursors._refetch
+    everything = {"found": found["found"], "scannedTo": [5, 4], "overflowed": False}
+    topics = {T0: {**_report(3, owner="c"), "intake": everything}}
+    cursors._answered(B1, {"epoch": "f", "seq": 1, "full": True, "topics": topics, "gone": []})
+    (report,) = handed
+    assert report.entries[0].stretch == (("a", 2, 7),) and report.scanned_to == (5, 4)
