@@ -193,15 +193,17 @@ def test_the_generator_follows_acknowledgements_with_the_plugin_and_through_the_
         generator.stop()
 
 
+@pytest.mark.parametrize("intake", ["consumer", "plugin"])
 def test_a_topic_that_appears_while_the_generator_runs_reads_ahead_and_folds_each_marker_once(
-    pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, namespace: str, tmp_path: Path
+    intake: str, pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, namespace: str, tmp_path: Path
 ) -> None:
     """Pulsar delivers to the generator's new Failover consumer only after its failover delay (1 s): meanwhile the
-    generator reads the topic with a reader, then hands over to the consumer's delivery. Markers sent on both sides
-    of the hand-over are folded once each, and every watermark comes, in order."""
+    generator reads the topic with a reader, then hands over to the consumer's delivery (with the plugin's intake,
+    the plugin hands the entries over from the start, and there is nothing to read ahead). Markers sent on both
+    sides of the hand-over are folded once each, and every watermark comes, in order."""
     metrics_port = free_port()
     generator = GeneratorProcess(pulsar_settings, tmp_path / "generator.log", "read-ahead", WM_NAMESPACES=namespace,
-                                 WM_METRICS_PORT=str(metrics_port)).start()  # fmt: skip
+                                 WM_INTAKE=intake, WM_METRICS_PORT=str(metrics_port)).start()  # fmt: skip
     topic = f"persistent://{namespace}/fresh-{uuid.uuid4().hex[:8]}"
     try:
         wait_until(lambda: "cursor positions come from the broker plugin" in generator.log_text(),
@@ -215,7 +217,8 @@ def test_a_topic_that_appears_while_the_generator_runs_reads_ahead_and_folds_eac
             wait_until(lambda t=event_time: t in watermarks(recorder), what=f"the watermark {event_time}")
             time.sleep(0.4)
         assert watermarks(recorder) == sent
-        assert f"{topic}: reading ahead until Pulsar delivers to our consumer" in generator.log_text()
+        read_ahead = f"{topic}: reading ahead until Pulsar delivers to our consumer" in generator.log_text()
+        assert read_ahead == (intake == "consumer")
 
         def folded_beyond_our_snapshots() -> list[float]:  # the generator folds its own snapshots as it reads them
             applied = metric_samples(metrics_port, "wm_markers_applied_total", topic=topic)
