@@ -41,10 +41,11 @@ class GeneratorConfig:
     stats_rate: float = 10.0
     cursor_source: str = "auto"
     """"auto": the broker plugin where brokers serve it, else the admin API; "admin": the admin API only."""
-    intake: str = "consumer"
-    """Where markers and data come from: "consumer", the generator's consumer receives every message; "plugin",
-    the broker plugin finds the markers and sums the data inside the broker, and the consumer only holds the
-    partition (it receives nothing while a plugin reports the topic). Needs `cursor_source` "auto"."""
+    intake: str = "plugin"
+    """Where markers and data come from: "plugin", the broker plugin finds the markers and sums the data inside the
+    broker, and the consumer only holds the partition (it receives nothing while a plugin reports the topic; where
+    none does, it receives every message); "consumer", the generator's consumer receives every message. "plugin"
+    needs `cursor_source` "auto"."""
     discovery_interval_s: float = 2.0
     metrics_port: int = 9108
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
@@ -141,10 +142,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "serves it and the admin API elsewhere; 'admin' only the admin API (env WM_CURSOR_SOURCE; default auto)",
     )  # fmt: skip
     parser.add_argument(
-        "--intake", choices=("consumer", "plugin"), default=_env("WM_INTAKE", d.intake),
-        help="where markers come from: 'consumer' receives every message of a followed topic; 'plugin' has the "
-        "broker plugin find them inside the broker where it is installed, the consumer receiving only where no "
-        "plugin reports the topic (env WM_INTAKE; default consumer; docs/OPERATIONS.md)",
+        "--intake", choices=("auto", "plugin", "consumer"), default=_env("WM_INTAKE", "auto"),
+        help="where markers come from: 'plugin' has the broker plugin find them inside the broker where it is "
+        "installed, the generator's consumer receiving only where no plugin reports the topic; 'consumer' receives "
+        "every message of a followed topic; 'auto' is 'plugin' unless --cursor-source is admin (env WM_INTAKE; "
+        "default auto; docs/OPERATIONS.md)",
     )  # fmt: skip
     parser.add_argument(
         "--metrics-port", type=int, default=int(_env("WM_METRICS_PORT", str(d.metrics_port))),
@@ -214,6 +216,8 @@ def from_arguments(args: argparse.Namespace) -> GeneratorConfig:
     for value, name in ((args.first_poll_s, "--first-poll-s"), (args.ack_watch_interval_s, "--ack-watch-interval-s")):
         if value < 0:
             raise ValueError(f"{name} must not be negative, got {value}")
+    if args.intake == "auto":
+        args.intake = "plugin" if args.cursor_source == "auto" else "consumer"
     if args.intake == "plugin" and args.cursor_source != "auto":
         raise ValueError("--intake plugin needs the broker plugin for cursor positions too: leave --cursor-source at "
                          "auto (WM_CURSOR_SOURCE)")  # fmt: skip

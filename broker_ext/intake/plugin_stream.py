@@ -1,9 +1,9 @@
-"""What the broker plugin's intake hands over, as the engine's events (issue 47: not served by the plugin yet).
+"""What the broker plugin's intake hands over, as the engine's events.
 
 The plugin reads each followed topic behind the writer and reports, in log order, the markers it found and the
 data between them summed per producer (its `TopicIntake`); this turns one topic's report into `EntryRead`s, the
-events a consumer's delivery would have given, with the same decoder (`decode_marker`). Pure: no I/O. The form,
-to go into docs/PROTOCOL.md section 10 once served:
+events a consumer's delivery would have given, with the same decoder (`decode_marker`). Pure: no I/O. The form
+(docs/PROTOCOL.md section 10, "The intake"):
 
     {"found": [{"data": [ledger, entry, last batch index], "producers": {name: [messages, lowest or null]}},
                {"marker": kind, "at": [ledger, entry, batch index], "producer": name, "payload": base64,

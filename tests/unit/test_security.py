@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import stat
 from pathlib import Path
@@ -11,7 +10,6 @@ import msgpack
 import pytest
 
 from broker_ext import config as generator_config
-from broker_ext.config import GeneratorConfig
 from broker_ext.service import is_followable
 from devtools.local_cluster import ClusterError, LocalCluster, main
 from pulsar_access.admin import required_permission
@@ -24,6 +22,7 @@ from pulsar_access.auth_tokens import (
     create_token,
     role_of,
 )
+from tests.unit.test_generator_config import serve_args
 from watermark_core.protocol import MARKER_PROPERTY, Marker, MarkerKind, decode_marker
 from watermark_core.snapshot import SnapshotKeys, state_to_dict
 from watermark_core.state import WatermarkState
@@ -116,12 +115,6 @@ def test_admin_calls_name_the_permission_they_need() -> None:
 # -- the generator's snapshot key and watermark namespace ------------------------------------------------
 
 
-def _serve_args(*argv: str) -> GeneratorConfig:
-    parser = argparse.ArgumentParser()
-    generator_config.add_arguments(parser)
-    return generator_config.from_arguments(parser.parse_args(list(argv)))
-
-
 def test_the_snapshot_key_comes_from_the_variable_then_the_file_else_a_random_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -129,17 +122,17 @@ def test_the_snapshot_key_comes_from_the_variable_then_the_file_else_a_random_on
         monkeypatch.delenv(name, raising=False)
     key_file = tmp_path / "snapshot.key"
     key_file.write_text("new-key-after-the-rotation-1234\nold-key-before-the-rotation-5678\n")
-    from_file = _serve_args("--snapshot-key-file", str(key_file))
+    from_file = serve_args("--snapshot-key-file", str(key_file))
     assert from_file.snapshot_keys == SnapshotKeys.from_text(key_file.read_text())
     assert len(from_file.snapshot_keys.keys) == 2 and from_file.snapshot_key_source == str(key_file)
     monkeypatch.setenv("WM_SNAPSHOT_KEY_FILE", str(key_file))
-    assert _serve_args().snapshot_keys == from_file.snapshot_keys
+    assert serve_args().snapshot_keys == from_file.snapshot_keys
     monkeypatch.setenv("WM_SNAPSHOT_KEY", "the-variable-wins-over-the-file")
-    assert _serve_args().snapshot_keys == SnapshotKeys.from_text("the-variable-wins-over-the-file")
+    assert serve_args().snapshot_keys == SnapshotKeys.from_text("the-variable-wins-over-the-file")
     monkeypatch.delenv("WM_SNAPSHOT_KEY")
     monkeypatch.delenv("WM_SNAPSHOT_KEY_FILE")
 
-    first, second = _serve_args(), _serve_args()
+    first, second = serve_args(), serve_args()
     assert first.snapshot_key_source is None and first.snapshot_keys.ids != second.snapshot_keys.ids
     with caplog.at_level(logging.WARNING):
         generator_config.warn_about_snapshot_key(first)
@@ -149,23 +142,23 @@ def test_the_snapshot_key_comes_from_the_variable_then_the_file_else_a_random_on
 
     (tmp_path / "empty.key").write_text("\n")
     with pytest.raises(ValueError, match="is empty"):
-        _serve_args("--snapshot-key-file", str(tmp_path / "empty.key"))
+        serve_args("--snapshot-key-file", str(tmp_path / "empty.key"))
     with pytest.raises(ValueError, match="cannot read the snapshot key file"):
-        _serve_args("--snapshot-key-file", str(tmp_path / "missing.key"))
+        serve_args("--snapshot-key-file", str(tmp_path / "missing.key"))
     (tmp_path / "short.key").write_text("short\n")
     with pytest.raises(ValueError, match="at least 16 bytes"):
-        _serve_args("--snapshot-key-file", str(tmp_path / "short.key"))
+        serve_args("--snapshot-key-file", str(tmp_path / "short.key"))
 
 
 def test_the_watermark_namespace_flag_and_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WM_WATERMARK_NAMESPACE", raising=False)
     monkeypatch.setenv("WM_SNAPSHOT_KEY", "a-key-long-enough-for-the-test")
-    assert _serve_args().watermark_namespace == "public/__watermarks"
+    assert serve_args().watermark_namespace == "public/__watermarks"
     monkeypatch.setenv("WM_WATERMARK_NAMESPACE", "wm-system/tables")
-    assert _serve_args().watermark_namespace == "wm-system/tables"
-    assert _serve_args("--watermark-namespace", "a/b").watermark_namespace == "a/b"
+    assert serve_args().watermark_namespace == "wm-system/tables"
+    assert serve_args("--watermark-namespace", "a/b").watermark_namespace == "a/b"
     with pytest.raises(ValueError, match="tenant/namespace"):
-        _serve_args("--watermark-namespace", "nope")
+        serve_args("--watermark-namespace", "nope")
     assert is_followable("persistent://public/default/x", "a/b")
     assert not is_followable("persistent://a/b/public~default~x", "a/b")
     assert not is_followable("persistent://public/default/x__watermarks", "a/b")
