@@ -63,6 +63,7 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
     private final ScheduledThreadPoolExecutor answers = answerThread();
     private long sweepIntervalMs = 2000;
     private String watermarkNamespace = "public/__watermarks";
+    private long intakeMaxItems = IntakeTracker.KEPT_PER_BROKER;
     private PulsarService pulsar;
     private CursorTracker tracker;
     private IntakeTracker intake;
@@ -109,6 +110,8 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
         var properties = config.getProperties();
         sweepIntervalMs = Long.parseLong(properties.getProperty("watermarkCursorsSweepIntervalMs", "2000"));
         watermarkNamespace = properties.getProperty("watermarkNamespace", watermarkNamespace);
+        intakeMaxItems = Long.parseLong(properties.getProperty("watermarkIntakeMaxItems",
+                String.valueOf(IntakeTracker.KEPT_PER_BROKER)));
     }
 
     @Override
@@ -125,7 +128,7 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
                 () -> authorization.canProduce(TopicName.get("persistent://" + namespace + "/__watermark_cursors"),
                         role, data))), System::currentTimeMillis, GRANT_TTL_MS, 10_000);
         report.onChange(this::wakeSoon);
-        intake = new IntakeTracker(report, System::currentTimeMillis);
+        intake = new IntakeTracker(report, System::currentTimeMillis, intakeMaxItems);
         tracker = new CursorTracker(pulsar.getBrokerService(), report, sweepIntervalMs, this::announceable, fresh,
                 intake);
         if (!connectInterceptor(pulsar.getBrokerInterceptor(), tracker::touched)) {

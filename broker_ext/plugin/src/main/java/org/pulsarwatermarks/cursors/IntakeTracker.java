@@ -25,11 +25,12 @@ import org.slf4j.LoggerFactory;
  */
 final class IntakeTracker implements CursorTracker.Followers, AutoCloseable {
     /**
-     * A generator behind by this many markers and stretches (about 150 B each) reads the log itself. A generator
-     * acknowledges at every snapshot (10 s or 1000 messages by default), so a topic keeps far fewer; there is no
-     * bound over all topics yet (docs/DECISIONS.md, issue 47).
+     * A generator behind by this many markers and stretches (a few hundred bytes each) reads the log itself. A
+     * generator acknowledges at every snapshot (10 s or 1000 messages by default), so a topic keeps far fewer.
      */
     static final int KEPT_PER_TOPIC = 10_000;
+    /** What all the topics of the broker keep together by default ({@code watermarkIntakeMaxItems}). */
+    static final long KEPT_PER_BROKER = 500_000;
     /** A namespace whose generator asked for the intake is read this long after its last poll that asked. */
     private static final long ASKED_FOR_MS = 90_000;
     private static final Logger log = LoggerFactory.getLogger(IntakeTracker.class);
@@ -39,14 +40,16 @@ final class IntakeTracker implements CursorTracker.Followers, AutoCloseable {
     private final CursorReport report;
     private final LongSupplier clock;
     private final ScheduledExecutorService thread;
+    private final TopicIntake.Budget budget; // used under the report's lock, as every TopicIntake is
     private final MarkerScanner scanner = new MarkerScanner(); // used on `thread` only
     private final Map<String, Reading> readings = new ConcurrentHashMap<>();
     private final Map<String, Long> asked = new ConcurrentHashMap<>();
     private volatile long askedForAll;
 
-    IntakeTracker(CursorReport report, LongSupplier clock) {
+    IntakeTracker(CursorReport report, LongSupplier clock, long keptPerBroker) {
         this.report = report;
         this.clock = clock;
+        this.budget = new TopicIntake.Budget(keptPerBroker);
         this.thread = Executors.newSingleThreadScheduledExecutor(runnable -> {
             Thread t = new Thread(runnable, "watermark-intake");
             t.setDaemon(true);
@@ -87,7 +90,7 @@ final class IntakeTracker implements CursorTracker.Followers, AutoCloseable {
             if (!wanted(name) || acknowledged == null) {
                 return;
             }
-            TopicIntake intake = new TopicIntake(KEPT_PER_TOPIC);
+            TopicIntake intake = new TopicIntake(KEPT_PER_TOPIC, budget);
             try {
                 TopicReader reader = TopicReader.open(name, topic.getManagedLedger(), topic::getMaxReadPosition,
                         acknowledged, thread, this::read);
@@ -111,6 +114,7 @@ final class IntakeTracker implements CursorTracker.Followers, AutoCloseable {
         Reading reading = readings.remove(topic);
         if (reading != null) {
             reading.reader().close();
+            report.locked(reading.intake()::release);
         }
     }
 

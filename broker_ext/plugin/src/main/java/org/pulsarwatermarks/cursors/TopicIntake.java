@@ -16,8 +16,9 @@ import java.util.Map;
  * same one, and the lowest tells whether a producer wrote below its own. Each item carries the sequence number
  * of the report it was found (or last grew) in, so a long poll is told only what is new; a generator that
  * knows nothing (a restart) is told everything kept. Past {@code limit} items (a generator far behind, or
- * none) nothing is kept: the generator is told to read the log itself until it has acknowledged past all
- * that was dropped. Plain: JUnit tests it without a broker. Not thread-safe: its owner serializes calls.
+ * none), or when the broker's {@link Budget} over all topics is spent, nothing is kept: the generator is told to
+ * read the log itself until it has acknowledged past all that was dropped. Plain: JUnit tests it without a
+ * broker. Not thread-safe: its owner serializes calls (those of every intake sharing a budget).
  */
 public final class TopicIntake {
     /** Found in the log: a marker, or a stretch of data between two. */
@@ -49,14 +50,34 @@ public final class TopicIntake {
     /** What a generator is told: what was found since, where the scan is, and whether it must read the log itself. */
     public record Batch(List<Found> found, TopicCursors.Position scannedTo, boolean overflowed) {}
 
+    /** How many items all the topics of a broker keep together: the intake's memory, bounded. */
+    public static final class Budget {
+        private final long limit;
+        private long used;
+
+        public Budget(long limit) {
+            this.limit = limit;
+        }
+
+        public long used() {
+            return used;
+        }
+    }
+
     private final int limit;
+    private final Budget budget;
     private final Deque<Found> found = new ArrayDeque<>();
     private TopicCursors.Position scannedTo = new TopicCursors.Position(-1, -1);
     private TopicCursors.Position acknowledged = new TopicCursors.Position(-1, -1);
     private TopicCursors.Position droppedTo = null;
 
     public TopicIntake(int limit) {
+        this(limit, new Budget(Long.MAX_VALUE));
+    }
+
+    public TopicIntake(int limit, Budget budget) {
         this.limit = limit;
+        this.budget = budget;
     }
 
     public void marker(MarkerScanner.Marker marker, long seq) {
@@ -98,6 +119,7 @@ public final class TopicIntake {
         acknowledged = position;
         while (!found.isEmpty() && compare(found.peekFirst().last(), position) <= 0) {
             found.pollFirst();
+            budget.used--;
         }
         if (droppedTo != null && compare(droppedTo, position) <= 0) {
             droppedTo = null; // it read all that was dropped through the log: what comes next is kept again
@@ -120,6 +142,12 @@ public final class TopicIntake {
         return found.size();
     }
 
+    /** The topic is no longer read: what it kept goes back to the budget. */
+    public void release() {
+        budget.used -= found.size();
+        found.clear();
+    }
+
     private boolean keeps(TopicCursors.Position at) {
         if (compare(at, acknowledged) <= 0) {
             return false;
@@ -132,11 +160,13 @@ public final class TopicIntake {
     }
 
     private void add(Found item) {
-        found.addLast(item);
-        if (found.size() > limit) {
+        if (found.size() >= limit || budget.used >= budget.limit) {
             droppedTo = item.last();
-            found.clear();
+            release();
+            return;
         }
+        found.addLast(item);
+        budget.used++;
     }
 
     static int compare(TopicCursors.Position a, TopicCursors.Position b) {

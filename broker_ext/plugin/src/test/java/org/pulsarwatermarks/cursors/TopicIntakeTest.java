@@ -91,6 +91,30 @@ class TopicIntakeTest {
     }
 
     @Test
+    void allTopicsTogetherKeepNoMoreThanTheBrokersBudgetTheTopicThatFindsItFullReadsTheLogItself() {
+        TopicIntake.Budget budget = new TopicIntake.Budget(5);
+        TopicIntake a = new TopicIntake(100, budget);
+        TopicIntake b = new TopicIntake(100, budget);
+        for (long entry = 1; entry <= 3; entry++) {
+            a.marker(marker(entry, "a", "W_SET"), entry);
+        }
+        b.marker(marker(1, "b", "W_SET"), 4);
+        b.marker(marker(2, "b", "W_SET"), 5);
+        assertEquals(5, budget.used());
+        b.marker(marker(3, "b", "W_SET"), 6); // the broker's budget is spent: b drops what it kept
+        assertTrue(b.since(-1).overflowed());
+        assertEquals(0, b.size());
+        assertFalse(a.since(-1).overflowed());
+        assertEquals(3, a.size());
+        assertEquals(3, budget.used());
+        a.acknowledged(new TopicCursors.Position(5, 2)); // what is forgotten is given back
+        assertEquals(1, budget.used());
+        a.release(); // a topic no longer read gives back all it kept
+        assertEquals(0, budget.used());
+        assertEquals(0, a.size());
+    }
+
+    @Test
     void entriesBeforeWhatWasAcknowledgedAreNotKept() {
         TopicIntake intake = new TopicIntake(100);
         intake.acknowledged(new TopicCursors.Position(5, 10));
