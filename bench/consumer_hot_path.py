@@ -5,7 +5,9 @@ message, without a broker.
 for the client's binding: its `receive`, `batch_receive` and `acknowledge` are C calls that cost next to nothing, and
 the messages answer `message_id`, `properties`, `event_timestamp` with real binding objects (a `_pulsar.MessageId`
 made per call, built `_pulsar.Message`s), so what is timed is what our code adds, with the binding calls it makes.
-Batched entries of 1010 messages, a W_SET per 100 messages, no companion topic traffic.
+Batched entries of 1010 messages, a W_SET per 100 messages, and one watermark published before them (one table on
+the companion topic, read when the consumer attaches): a watermark is held throughout, as in `python -m bench client`,
+so every data message's event time is read for `late_messages` (issue 48: without one the stand-in left that out).
 
 On this shared 2-core machine CPU time swings by 30 % between runs; instructions do not. Count them with
 valgrind, at two sizes, and take the difference per message (issue 34, session 16):
@@ -32,12 +34,20 @@ import pulsar
 import pulsar.schema
 
 from consumer.watermark_consumer import WatermarkConsumer
-from watermark_core.protocol import MARKER_PROPERTY, encode_set
+from watermark_core.protocol import (
+    EVENT_PROPERTY,
+    MARKER_PROPERTY,
+    SEND_WATERMARK,
+    WatermarkEvent,
+    encode_set,
+    encode_table,
+)
 
 TOPIC = "persistent://public/default/hot-path"
 NOWHERE = "http://127.0.0.1:9"
 """The admin URL: nothing answers at the discard port (no incarnation is read)."""
 
+SUBSCRIPTION = "bench"
 PER_ENTRY = 1010
 MARKER_EVERY = 100
 BATCH = 1000
@@ -97,13 +107,19 @@ class _Binding:
         pass
 
 
-class _EmptyReader:
-    """The companion topic's reader: nothing published."""
+class _Reader:
+    """The companion topic's reader: one table (the subscription's watermark 1, computed before every message)."""
+
+    def __init__(self) -> None:
+        event = WatermarkEvent(TOPIC, -1, SUBSCRIPTION, 1, (6, 0), 1)
+        self._left = [_built({EVENT_PROPERTY: SEND_WATERMARK}, encode_table([event]))]
 
     def has_message_available(self) -> bool:
-        return False
+        return bool(self._left)
 
     def read_next(self, timeout_millis: int = 0) -> Any:
+        if self._left:
+            return self._left.pop()
         time.sleep(timeout_millis / 1000)
         raise pulsar.Timeout("nothing")
 
@@ -120,8 +136,8 @@ class _Client:
     def get_topic_partitions(self, topic: str) -> list[str]:
         return [topic]
 
-    def create_reader(self, *_args: Any, **_options: Any) -> _EmptyReader:
-        return _EmptyReader()
+    def create_reader(self, *_args: Any, **_options: Any) -> _Reader:
+        return _Reader()
 
     def subscribe(self, *_args: Any, **_options: Any) -> pulsar.Consumer:
         return _plain(self.raws)
@@ -137,7 +153,9 @@ def _plain(raws: list[_Raw]) -> pulsar.Consumer:
 def _ours(raws: list[_Raw]) -> WatermarkConsumer:
     """Batches of `BATCH` messages, as the stand-in's `batch_receive` returns to the plain consumer."""
     policy = pulsar.ConsumerBatchReceivePolicy(BATCH, -1, 100)
-    return WatermarkConsumer(_Client(raws), TOPIC, "bench", admin_url=NOWHERE, batch_receive_policy=policy)
+    consumer = WatermarkConsumer(_Client(raws), TOPIC, SUBSCRIPTION, admin_url=NOWHERE, batch_receive_policy=policy)
+    assert consumer.get_last_watermark() is not None, "the stand-in's watermark was not read"
+    return consumer
 
 
 class _Floor:

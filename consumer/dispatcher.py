@@ -1,13 +1,15 @@
 """The listener's one thread: it receives from the client itself and calls the listener in the engine's order.
 
-`WatermarkConsumer` with a `WatermarkListener` hands the engine's deliveries and watermarks to a `Dispatcher`
-(`put`, called under the feed's lock, so the inbox keeps the engine's order whichever thread the commands came
-from: the dispatcher's own receive, the feed's reader, the application's acknowledgements). Its thread takes
-them one at a time and calls `deliver`/`hand`; when the inbox is empty it calls `receive` (the consumer's: one
-message from the client, told to the engine, at most `LISTENER_POLL_MS`), unless paused (`pause`, `receiving`
-while a seek runs) or the application has `full()` messages waiting (the client keeps the rest). A message the
-engine lets go at once (the hot path: nothing queued, `idle()` under the feed's lock) comes back from `receive`
-and is delivered next, without the inbox; a seek drops it as it drops the inbox's.
+A message takes one way through the shell: the thread asks `receive` (the consumer's intake: one message from the
+client, told to the engine through the feed, at most `LISTENER_POLL_MS`); the engine's deliveries and watermarks
+come into the inbox (`put`, the feed's `perform`, called under the feed's lock, so the inbox keeps the engine's
+order whichever thread the commands came from: this one, the feed's reader, the application's acknowledgements);
+and the thread hands them to the listener itself (`received`, `received_watermark`, `watermark_withdrawn`),
+judging each message's lateness under the watermark the listener holds (`handed`). When the inbox is empty it
+receives, unless paused (`pause`, `receiving` while a seek runs) or the application has `full()` messages waiting
+(the client keeps the rest). A message the engine lets go at once (the hot path: nothing queued, `idle()` under
+the feed's lock) comes back from `receive` and is delivered next, without the inbox; a seek drops it as it drops
+the inbox's.
 
 The client's `message_listener` is not used: it costs a thread hop per message. Everything shared between
 threads is a lock, a condition or an event; no plain flag.
@@ -20,8 +22,13 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, Protocol
+
+import pulsar
 
 from consumer.engine import Command, Deliver, HandWatermark
+from consumer.lateness import Lateness
+from watermark_core.protocol import Watermark
 
 log = logging.getLogger(__name__)
 
@@ -31,21 +38,37 @@ PAUSED_WAIT_S = 0.5
 """How long the thread waits for the inbox while it may not receive, before it looks again."""
 
 
+class Listener(Protocol):
+    """What the dispatcher calls on a listener: a `WatermarkListener` (consumer/listener.py), or any object with its
+    three methods. Named here, with the consumer as `Any`, so that no module of `consumer/` imports one that imports
+    it back (listener.py names the consumer's class in its hints)."""
+
+    def received(self, consumer: Any, message: pulsar.Message) -> None: ...
+
+    def received_watermark(self, consumer: Any, watermark: Watermark) -> None: ...
+
+    def watermark_withdrawn(self, consumer: Any) -> None: ...
+
+
 class Dispatcher:
-    """The inbox and the thread (see the module docstring)."""
+    """The inbox and the thread (see the module docstring). `consumer` is what the listener's methods are given."""
 
     def __init__(
         self,
         name: str,
         *,
-        receive: Callable[[int], object],
-        deliver: Callable[[object], None],
-        hand: Callable[[HandWatermark], None],
+        listener: Listener,
+        consumer: object,
+        receive: Callable[[int], pulsar.Message | None],
         full: Callable[[], bool],
+        lateness: Lateness,
     ) -> None:
-        self._receive, self._deliver, self._hand, self._full = receive, deliver, hand, full
+        self._listener, self._consumer, self._lateness = listener, consumer, lateness
+        self._receive, self._full = receive, full
+        self.handed: Watermark | None = None
+        """The watermark handed to the listener last (None: none yet, or withdrawn); written on the thread only."""
         self._inbox: deque[Deliver | HandWatermark] = deque()
-        self._direct: object = None
+        self._direct: pulsar.Message | None = None
         """The message `receive` returned to be delivered next, without the inbox (None: none)."""
         self._changed = threading.Condition()
         """Guards `_inbox`, `_direct` and `_waiting`; notified when something was put while the thread waits."""
@@ -151,6 +174,21 @@ class Dispatcher:
                 self._deliver(token)
             except Exception:
                 log.exception("the listener raised; continuing")
+
+    def _deliver(self, message: pulsar.Message) -> None:
+        """Hand a data message to the listener, under the watermark it holds."""
+        self._lateness.judge(message, self.handed)
+        self._listener.received(self._consumer, message)
+
+    def _hand(self, item: HandWatermark) -> None:
+        """Hand the listener a watermark (a restated one is held without calling it)."""
+        self.handed = None if item.withdrawn else item.watermark
+        if item.restated:
+            return
+        if item.withdrawn:
+            self._listener.watermark_withdrawn(self._consumer)
+        else:
+            self._listener.received_watermark(self._consumer, item.watermark)
 
     def _wait(self, timeout: float) -> None:
         with self._changed:

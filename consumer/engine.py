@@ -19,8 +19,9 @@ for a non-partitioned topic).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from consumer.trust import BEFORE_ALL, Computed, Entry, Lane, PartitionTrust, WatermarkTrust
 from watermark_core.protocol import Position, Watermark
@@ -217,11 +218,13 @@ class ConsumerEngine:
         listener: bool = False,
         limits: Limits = Limits(),
         follow_new: bool = True,
+        key: Callable[[Position], Any] | None = None,
     ) -> None:
         self.listener = listener
         self.limits = limits
         self.follow_new = follow_new
-        self.trust = WatermarkTrust(partitions)
+        self.trust = WatermarkTrust(partitions) if key is None else WatermarkTrust(partitions, key=key)
+        """`key`: the lanes' keys (consumer/trust.py `Lane`; by default positions)."""
         self.gave_up = 0
         self._pending: deque[tuple[int, Position, object]] = deque()
         """Listener: data messages received and not handed over yet, in the order received."""
@@ -348,19 +351,31 @@ class ConsumerEngine:
             self._hand_over(out)
         return out
 
-    def received_quietly(self, partition: int, position: Position) -> bool:
+    def received_quietly(self, partition: int, position: Any) -> bool:
         """`handle(Received(partition, position, token))` for a data message, when its only command would be
         `Deliver` and nothing else would change: True, deliver it now (a listener: before anything the engine
         commands later). False, nothing changed: call `handle`. The shell does the same itself, under the lock
-        its `handle` calls are made under (see `Lane`): a message after the lane's `after` while it is `receiving`."""
+        its `handle` calls are made under (see `Lane`): a message after the lane's `after` while it is `receiving`.
+        `position` is the message's key in the lanes (a position, or what the engine's `key` makes of one)."""
         lane = self.lanes.get(partition)
-        if lane is None or not lane.receiving or position <= lane.after:
+        if lane is None or not lane.receiving or not lane.after < position:
             return False
         lane.after = position
         lane.arrived.append(position)
         return True
 
-    def acknowledged_quietly(self, partition: int, position: Position) -> bool:
+    def skipped_quietly(self, partition: int, position: Any) -> bool:
+        """`handle(Received(partition, position, token, marker=True))` when it would only skip the marker and send its
+        acknowledgement: True, send it. False, nothing changed: call `handle`. The shell does the same itself, under
+        the lock its `handle` calls are made under (see `Lane`)."""
+        lane = self.lanes.get(partition)
+        if lane is None or not lane.receiving or not lane.acknowledging or not lane.after < position:
+            return False
+        lane.after = position
+        lane.skipped.append(position)
+        return True
+
+    def acknowledged_quietly(self, partition: int, position: Any) -> bool:
         """`handle(Acknowledged(partition, position, token))` when its only command would be sending it: True, send
         it. False: call `handle` (what the lane took is taken in again there, to the same effect). The shell does the
         same itself, without a lock (see `Lane`)."""

@@ -92,9 +92,10 @@ are late, as a late producer's.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from watermark_core.protocol import Position, Watermark
 
@@ -147,6 +148,18 @@ NOWHERE: Position = (-(2**63), 0, 0)
 """Before every position: a lane's `after` before anything was received."""
 
 
+def position_of(key: Any) -> Position:
+    """The position a lane's key stands for: a position itself, or a message id of the client's binding (its
+    ledger, entry and batch index: three calls, made only where the rule needs a position, see `Lane`)."""
+    if type(key) is tuple:
+        return key
+    return (key.ledger_id(), key.entry_id(), key.batch_index())
+
+
+def _same(position: Position) -> Any:
+    return position
+
+
 @dataclass(slots=True)
 class Lane:
     """One partition's hot path: a message or an acknowledgement that changes nothing but what is outstanding and
@@ -155,26 +168,163 @@ class Lane:
     (`open_lanes`), so a lane is open only while the rule would decide nothing else.
 
     - **a message**, under the caller's lock (the one the rule's decisions are made under): while `receiving`, a
-      data message at a position after `after` is such a one: it becomes `after` and is appended to `arrived`
+      data message after `after` (`after < key`) is such a one: its key becomes `after` and is appended to `arrived`
       (`ConsumerEngine.received_quietly`);
-    - **an acknowledgement**, without a lock: append its position to `acked` first, then, if `acknowledging` and
+    - **a marker**, under the same lock: while `receiving` and `acknowledging`, a marker after `after` is received
+      and acknowledged at once with nothing to decide (what the engine does with one): its key becomes `after` and
+      is appended to `skipped` (`ConsumerEngine.skipped_quietly`), apart from the data, so that the data's
+      acknowledgements stay in the order received;
+    - **an acknowledgement**, without a lock: append its key to `acked` first, then, if `acknowledging` and
       `acked` is still the list appended to, it is such a one (send it); else it is the rule's to decide
       (`ConsumerEngine.acknowledged_quietly`). The rule closes every lane before it takes `acked` in, and takes it
       by swapping the list: an acknowledgement appended before the close is taken in before the decision, and
       one appended later sees the closed lane or the swapped list. (Each step is one bytecode-atomic operation
       under the GIL: a list append, an attribute read.)
 
-    The positions stay a plain tuple each (kept while outstanding), appended to a list: the rule's sets and ordered
-    set are updated once per batch, in C (`catch_up`).
+    **Keys.** What the caller writes is a key: a position (a plain tuple), or whatever `key(position)` makes, as
+    long as it orders as positions do with `<` and `position_of` turns it back into one. The consumer's shell uses
+    the client binding's own message id (issue 48): one comparison in C where a position costs three calls, and the
+    rule turns keys into positions only where it needs one: the last of a batch, what stays outstanding, and the
+    first and last of a run acknowledged in the order received (`Acknowledgements`), never the rest.
     """
 
     partition: int
     receiving: bool = False
     acknowledging: bool = False
-    after: Position = NOWHERE
-    """A data message after this position is in order and after the held event: nothing to decide."""
-    arrived: list[Position] = field(default_factory=list)
-    acked: list[Position] = field(default_factory=list)
+    after: Any = NOWHERE
+    """The key of the position after which a data message is in order and after the held event: nothing to
+    decide."""
+    after_at: Position = NOWHERE
+    """The position `after` stands for (the rule makes a new key only when it moves elsewhere)."""
+    arrived: list[Any] = field(default_factory=list)
+    acked: list[Any] = field(default_factory=list)
+    skipped: list[Any] = field(default_factory=list)
+    key: Callable[[Position], Any] = _same
+    """The caller's key of a position (`after` when the rule moves it): the position itself by default."""
+
+    def __post_init__(self) -> None:
+        self.after = self.key(self.after_at)
+
+
+@dataclass(slots=True)
+class _Run:
+    """Lane keys acknowledged in the order received (increasing), and the positions of the first and the last."""
+
+    keys: list[Any]
+    first: Position
+    last: Position
+
+    def positions(self) -> dict[Position, None]:
+        return dict.fromkeys(map(position_of, self.keys))
+
+
+class Acknowledgements:
+    """What a partition acknowledged (or skipped) since its held event, in that order (an ordered set of positions).
+
+    Runs of lane keys acknowledged in the order received are kept as they came (`_Run`): membership, forgetting what
+    is at or before an entry and keeping what is before a position look at a run's ends, and turn its keys into
+    positions only when the answer lies inside it (a move back, rare). So an in-order acknowledgement costs the rule
+    no position of its own (issue 48)."""
+
+    __slots__ = ("_chunks", "_size")
+
+    def __init__(self) -> None:
+        self._chunks: list[dict[Position, None] | _Run] = []
+        """Oldest first: positions (a dict: an ordered set), or a run."""
+        self._size = 0
+
+    def add(self, position: Position) -> None:
+        chunks = self._chunks
+        last = chunks[-1] if chunks else None
+        if not isinstance(last, dict):
+            last = {}
+            chunks.append(last)
+        if position not in last:
+            self._size += 1
+        last[position] = None
+
+    def add_run(self, keys: list[Any], first: Position, last: Position) -> None:
+        """Keys in increasing order, whose first and last stand for `first` and `last`."""
+        if keys:
+            self._chunks.append(_Run(keys, first, last))
+            self._size += len(keys)
+
+    def __len__(self) -> int:
+        """How many were added and kept (one acknowledged twice, in two batches, may count twice)."""
+        return self._size
+
+    def __bool__(self) -> bool:
+        return self._size > 0
+
+    def __iter__(self) -> Iterator[Position]:
+        """Each position once, where it was first acknowledged (as a dict's keys)."""
+        every: dict[Position, None] = {}
+        for chunk in self._chunks:
+            every.update(chunk.positions() if isinstance(chunk, _Run) else chunk)
+        return iter(every)
+
+    def __contains__(self, position: object) -> bool:
+        for i, chunk in enumerate(self._chunks):
+            if isinstance(chunk, _Run):
+                if not chunk.first <= position <= chunk.last:  # type: ignore[operator]
+                    continue
+                chunk = self._chunks[i] = chunk.positions()
+            if position in chunk:
+                return True
+        return False
+
+    def clear(self) -> None:
+        self._chunks, self._size = [], 0
+
+    def _keep(self, keep: Callable[[Position], bool], whole: Callable[[_Run], bool | None]) -> None:
+        """Keep the positions `keep` says; `whole(run)` answers for a run at once (None: look inside)."""
+        kept: list[dict[Position, None] | _Run] = []
+        for chunk in self._chunks:
+            if isinstance(chunk, _Run):
+                answer = whole(chunk)
+                if answer is not None:
+                    if answer:
+                        kept.append(chunk)
+                    continue
+                chunk = chunk.positions()
+            left = {p: None for p in chunk if keep(p)}
+            if left:
+                kept.append(left)
+        self._set(kept)
+
+    def _set(self, chunks: list[dict[Position, None] | _Run]) -> None:
+        self._chunks = chunks
+        self._size = sum(len(c.keys) if isinstance(c, _Run) else len(c) for c in chunks)
+
+    def keep_before(self, position: Position) -> None:
+        """Forget every position at or after `position`."""
+        self._keep(lambda p: p < position,
+                   lambda run: True if run.last < position else False if run.first >= position else None)  # fmt: skip
+
+    def forget_through(self, entry: tuple[int, int]) -> None:
+        """Forget every position of an entry at or before `entry`."""
+        self._keep(lambda p: p[:2] > entry,
+                   lambda run: True if run.first[:2] > entry else False if run.last[:2] <= entry else None)  # fmt: skip
+
+    def keep_newest(self, count: int) -> None:
+        """Keep the `count` newest."""
+        kept: list[dict[Position, None] | _Run] = []
+        left = count
+        for chunk in reversed(self._chunks):
+            if left <= 0:
+                break
+            if isinstance(chunk, _Run):
+                if len(chunk.keys) > left:
+                    keys = chunk.keys[-left:]
+                    chunk = _Run(keys, position_of(keys[0]), chunk.last)
+                kept.append(chunk)
+                left -= len(chunk.keys)
+            else:
+                positions = list(chunk)[-left:]
+                kept.append(dict.fromkeys(positions))
+                left -= len(positions)
+        kept.reverse()
+        self._set(kept)
 
 
 @dataclass(slots=True)
@@ -213,9 +363,9 @@ class PartitionTrust:
     one, once what it covers came again (issue 34, fault 1). Events read after it are taken as usual."""
     last: Position | None = None
     """The latest position received: a message at or before it comes out of order (see `on_message`)."""
-    acknowledged: dict[Position, None] = field(default_factory=dict)
-    """What this consumer acknowledged (or skipped) after the held event's position, in that order (a dict: an
-    ordered set): one of them received again shows a move back (see the module docstring)."""
+    acknowledged: Acknowledgements = field(default_factory=Acknowledgements)
+    """What this consumer acknowledged (or skipped) after the held event's position, in that order (an ordered
+    set): one of them received again shows a move back (see the module docstring)."""
     acknowledged_through: Position | None = None
     """The latest cumulative acknowledgement after the held event's position."""
     joining: Computed | None = None
@@ -251,47 +401,75 @@ class PartitionTrust:
         return (low is None or position < low) and (queued is None or position < queued)
 
 
-def _keep_newest_half(state: PartitionTrust) -> None:
-    """Bound what is remembered of acknowledgements (a consumer without generator holds no event for long)."""
-    kept = list(state.acknowledged)[-(ACKNOWLEDGED_KEPT // 2) :]
-    state.acknowledged = dict.fromkeys(kept)
-
-
 def _catch_up(state: PartitionTrust) -> None:
     """Take in what the partition's lane wrote: the messages it let through (outstanding, in order: the last is
-    `last`, and the frontier), then the acknowledgements (no longer outstanding, remembered as acknowledged)."""
+    `last`, and the frontier), then the acknowledgements (no longer outstanding, remembered as acknowledged).
+
+    Keys become positions only where the rule needs one (see `Lane`): the last one let through, what stays
+    outstanding, what was acknowledged out of the order received, and the ends of a run acknowledged in order."""
     lane = state.lane
-    arrived = lane.arrived
-    acked: list[Position] = []
+    arrived, skipped = lane.arrived, lane.skipped
+    acked: list[Any] = []
     if lane.acked:
         acked, lane.acked = lane.acked, []  # swapped, not cleared: see `Lane`
     outstanding = state.outstanding
-    if arrived:
-        lane.arrived = []
-        last = arrived[-1]
-        state.last = last
+    acknowledged = state.acknowledged
+    if arrived or skipped:
+        last = position_of(arrived[-1]) if arrived else None
+        if skipped:  # markers: received and acknowledged at once
+            lane.skipped = []
+            markers = list(map(position_of, skipped))
+            for position in markers:
+                acknowledged.add(position)
+            if last is None or markers[-1] > last:
+                last = markers[-1]
+        assert last is not None
+        state.last = lane.after_at = last  # `after` is the last key let through (written under the same lock)
         entry = last[:2]
         if state.frontier is None or entry > state.frontier:
             state.frontier = entry
+    if arrived:
+        lane.arrived = []
         # Usually every message let through was acknowledged in the order received, but the latest few: what stays
-        # outstanding is then the end of `arrived` (compared by identity: the same tuples), without hashing the rest.
+        # outstanding is then the end of `arrived` (compared by identity: the same keys), without hashing the rest.
         done = 0
-        while done < len(acked) and acked[done] in outstanding:  # the tail of the batch before
-            outstanding.discard(acked[done])
+        while done < len(acked):  # the tail of the batch before
+            position = position_of(acked[done])
+            if position not in outstanding:
+                break
+            outstanding.discard(position)
+            acknowledged.add(position)
             done += 1
-        count = len(acked) - done
-        if arrived[:count] == acked[done:]:
-            outstanding.update(arrived[count:])
-        else:
-            outstanding.update(arrived)
-            outstanding.difference_update(acked)
+        rest = acked[done:] if done else acked
+        count = len(rest)
+        try:
+            in_order = arrived[:count] == rest
+        except TypeError:  # keys of two kinds (a binding's `==` takes its own only): compared by identity below
+            in_order = False
+        if in_order:
+            run, left, others = arrived[:count], arrived[count:], []
+        else:  # acknowledged in another order (a batch's markers before its data): matched by identity, in C
+            ids = set(map(id, rest))  # the keys are alive in both lists meanwhile: their ids are theirs
+            run = [key for key in arrived if id(key) in ids]  # in the order received: increasing
+            left = [key for key in arrived if id(key) not in ids]
+            received = set(map(id, arrived))
+            others = [key for key in rest if id(key) not in received]
+        outstanding.update(map(position_of, left))
+        if run:
+            end = position_of(run[-1])
+            acknowledged.add_run(run, position_of(run[0]), end)
+        if others:
+            positions = list(map(position_of, others))
+            outstanding.difference_update(positions)
+            for position in positions:
+                acknowledged.add(position)
     elif acked:
-        outstanding.difference_update(acked)
-    if acked:
-        acknowledged = state.acknowledged
-        acknowledged.update(dict.fromkeys(acked))
-        if len(acknowledged) > ACKNOWLEDGED_KEPT:
-            _keep_newest_half(state)
+        positions = list(map(position_of, acked))
+        outstanding.difference_update(positions)
+        for position in positions:
+            acknowledged.add(position)
+    if acked and len(acknowledged) > ACKNOWLEDGED_KEPT:
+        acknowledged.keep_newest(ACKNOWLEDGED_KEPT // 2)
 
 
 class WatermarkTrust:
@@ -301,8 +479,10 @@ class WatermarkTrust:
     partition it does not know are the caller's to add first (`add_partition`).
     """
 
-    def __init__(self, partitions: Iterable[int] = ()) -> None:
-        self._partitions: dict[int, PartitionTrust] = {p: PartitionTrust(lane=Lane(p)) for p in partitions}
+    def __init__(self, partitions: Iterable[int] = (), *, key: Callable[[Position], Any] = _same) -> None:
+        self._key = key
+        """The lanes' keys (see `Lane`)."""
+        self._partitions: dict[int, PartitionTrust] = {p: PartitionTrust(lane=Lane(p, key=key)) for p in partitions}
         self.lanes: dict[int, Lane] = {p: state.lane for p, state in self._partitions.items()}
         """Each partition's `Lane` (the hot path's), closed until `open_lanes`."""
         self._regained: set[int] = set()
@@ -325,7 +505,7 @@ class WatermarkTrust:
             return False
         now = self.listener_watermark(None) if live else None
         state = PartitionTrust(
-            joining=None if now is None else Computed(BEFORE_ALL, now.event_time), lane=Lane(partition)
+            joining=None if now is None else Computed(BEFORE_ALL, now.event_time), lane=Lane(partition, key=self._key)
         )
         self._partitions[partition] = state
         self.lanes[partition] = state.lane
@@ -355,7 +535,7 @@ class WatermarkTrust:
         for state in self._partitions.values():
             lane = state.lane
             lane.receiving = lane.acknowledging = False
-            if lane.arrived or lane.acked:
+            if lane.arrived or lane.acked or lane.skipped:
                 _catch_up(state)
 
     def open_lanes(self, *, receiving: bool = True, acknowledging: bool = True) -> None:
@@ -366,7 +546,7 @@ class WatermarkTrust:
         Exactly what `on_message` and `on_acknowledged` would decide nothing about."""
         for state in self._partitions.values():
             lane = state.lane
-            if lane.arrived or lane.acked:
+            if lane.arrived or lane.acked or lane.skipped:
                 _catch_up(state)
             trusting = state.floor is None
             lane.acknowledging = acknowledging and trusting and state.latest is state.held
@@ -380,7 +560,8 @@ class WatermarkTrust:
             held = state.held
             if held is not None and (held.position[0], held.position[1], SEEK_BATCH_END) > after:
                 after = (held.position[0], held.position[1], SEEK_BATCH_END)  # the held event's whole entry
-            lane.after = after
+            if after != lane.after_at:  # a new key only when it moved elsewhere than the last key let through
+                lane.after, lane.after_at = lane.key(after), after
 
     # -- inputs -------------------------------------------------------------------------------------
 
@@ -485,7 +666,7 @@ class WatermarkTrust:
         if not ((through is not None and position <= through) or position in state.acknowledged):
             return False  # another consumer gave it back (Shared), or it was delivered here before and lost
         state.last = position  # what comes again from here is in order again
-        state.acknowledged = {p: None for p in state.acknowledged if p < position}
+        state.acknowledged.keep_before(position)
         if through is not None and through >= position:
             # Moved back to this entry: what is before it stays acknowledged (a second reset back shows again).
             before = (position[0], position[1] - 1, SEEK_BATCH_END)
@@ -564,9 +745,9 @@ class WatermarkTrust:
         """The application acknowledges one message; True: hold the acknowledgement back for now."""
         state = self._partitions[partition]
         state.outstanding.discard(position)
-        state.acknowledged[position] = None
+        state.acknowledged.add(position)
         if len(state.acknowledged) > ACKNOWLEDGED_KEPT:
-            _keep_newest_half(state)
+            state.acknowledged.keep_newest(ACKNOWLEDGED_KEPT // 2)
         hold = state.floor is not None and position[:2] <= state.floor
         self._take_latest(partition)  # an event held back for it, or refused while distrusting
         return hold
@@ -725,7 +906,7 @@ class WatermarkTrust:
         assert state.held is not None
         held = state.held.position
         if state.acknowledged:
-            state.acknowledged = {p: None for p in state.acknowledged if p[:2] > held}
+            state.acknowledged.forget_through(held)
         through = state.acknowledged_through
         if through is not None and through[:2] <= held:
             state.acknowledged_through = None

@@ -23,22 +23,22 @@ import logging
 import sys
 import threading
 import time
-import weakref
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
+import _pulsar
 import pulsar
 
-from consumer.dispatcher import LISTENER_POLL_MS, Dispatcher
+from consumer.dispatcher import LISTENER_POLL_MS, Dispatcher, Listener
 from consumer.engine import (
     RECOMPUTE_WAIT_S,
     Acknowledged,
-    HandWatermark,
     NegativelyAcknowledged,
     Sought,
 )
-from consumer.trust import Lane
+from consumer.lateness import Lateness
+from consumer.trust import Lane, position_of
 from consumer.watermark_feed import WatermarkFeed
 from pulsar_access.errors import explained, service_url_of
 from watermark_core.protocol import (
@@ -47,7 +47,6 @@ from watermark_core.protocol import (
     Position,
     Watermark,
     decode_marker,
-    position_of,
 )
 
 log = logging.getLogger(__name__)
@@ -55,20 +54,20 @@ T = TypeVar("T")
 _Message = pulsar.Message
 
 NO_WATERMARK_WARNING_S = 30.0
+_BATCH_END = 2**31 - 1
+"""The largest batch index a message id holds: after every message of an entry."""
+_monotonic = time.monotonic
+
+
+def _message_id_at(position: Position) -> Any:
+    """The lanes' key of a position (consumer/trust.py `Lane`): a message id of the client's binding, the type
+    `message_id()` returns, compared with it by `<` alone (which compares ledger, entry and batch index; its `==`
+    compares the partition too)."""
+    ledger, entry, batch = position
+    return _pulsar.MessageId(-1, ledger, entry, batch if batch < _BATCH_END else _BATCH_END)
+
 
 __all__ = ["LISTENER_POLL_MS", "NO_WATERMARK_WARNING_S", "WatermarkConsumer"]
-
-
-class Listener(Protocol):
-    """What `WatermarkConsumer` calls on its listener: a `WatermarkListener` (consumer/listener.py), or any object
-    with its three methods. Named here so that this module needs nothing of listener.py (which names this one's
-    class in its hints)."""
-
-    def received(self, consumer: WatermarkConsumer, message: pulsar.Message) -> None: ...
-
-    def received_watermark(self, consumer: WatermarkConsumer, watermark: Watermark) -> None: ...
-
-    def watermark_withdrawn(self, consumer: WatermarkConsumer) -> None: ...
 
 
 def _batch_policy_of(policy: pulsar.ConsumerBatchReceivePolicy | None, room: int) -> tuple[int, int, int]:
@@ -138,18 +137,15 @@ class WatermarkConsumer:
         self._client = client
         self._listener = listener
         self.markers_hidden = 0
-        self.late_messages = 0
         self.malformed_markers: Counter[str] = Counter()
-        self._late: weakref.WeakSet[pulsar.Message] = weakref.WeakSet()
-        self._handed: Watermark | None = None
-        """Listener: the watermark handed to it last (None: none yet, or withdrawn); written on its thread only."""
+        self._lateness = Lateness()
         self._closed = threading.Event()
         room = max(1, int(subscribe_options.get("receiver_queue_size", 1000)))
         self._dispatcher: Dispatcher | None = None
         if listener is not None:
             self._dispatcher = Dispatcher(
-                f"wm-listener-{subscription}", receive=self._receive_one, deliver=self._deliver, hand=self._hand,
-                full=lambda: self._feed.pending >= room,
+                f"wm-listener-{subscription}", listener=listener, consumer=self, receive=self._receive_one,
+                full=lambda: self._feed.pending >= room, lateness=self._lateness,
             )  # fmt: skip
         self._subscribed = threading.Event()
         """Set once `subscribe` returned, cleared while a seek replaces the consumer (`_renew`): calls wait for it
@@ -162,7 +158,7 @@ class WatermarkConsumer:
                 listener=listener is not None,
                 perform=self._dispatcher.put if self._dispatcher is not None else None,
                 idle=self._dispatcher.idle if self._dispatcher is not None else None,
-                acknowledge=self._acknowledge_skipped, admin_url=admin_url,
+                acknowledge=self._acknowledge_skipped, admin_url=admin_url, key=_message_id_at,
             )  # fmt: skip
             try:
                 self._subscribe: Callable[[], pulsar.Consumer] = functools.partial(
@@ -178,8 +174,11 @@ class WatermarkConsumer:
         one = self._feed.partitions == [self._unnamed_partition] and not self._feed.follows_new_partitions
         self._only_partition = self._unnamed_partition if one else None
         """The one partition every message comes from (a topic without partitions, or one partition of one)."""
-        self._only_lane = self._feed.lanes[self._unnamed_partition] if one else None
+        self._lanes: dict[int, Lane] = self._feed.lanes
+        self._only_lane = self._lanes[self._unnamed_partition] if one else None
         """Its lane (consumer/trust.py `Lane`): the pull path's, without a look-up."""
+        self._lock = self._feed.lock
+        """The feed's lock, under which a message goes through a lane."""
         if self._dispatcher is not None:  # the feed queued what the catch-up found (`Attached`), first
             self._dispatcher.start()
         self._batch_policy = _batch_policy_of(subscribe_options.get("batch_receive_policy"), room)
@@ -197,8 +196,8 @@ class WatermarkConsumer:
         computed at or after it). Without: the trusted one, None while the subscription has none
         or has moved back and the watermark recomputed before the messages coming again is not in yet.
         """
-        if self._listener is not None:
-            return self._handed
+        if self._dispatcher is not None:
+            return self._dispatcher.handed
         return self._feed.current
 
     def _warn_if_no_watermark(self) -> None:
@@ -212,50 +211,58 @@ class WatermarkConsumer:
     # -- messages ------------------------------------------------------------------------------------
     #
     # Per message, the pull path (`receive`, `batch_receive`, `acknowledge`) does what the plain client does plus what
-    # a correct consumer cannot skip: the marker property, the position (`message_id` and its three getters) and one
-    # comparison with the partition's lane (consumer/trust.py `Lane`, under the feed's lock for a message, without a
-    # lock for an acknowledgement), and `event_timestamp` for `late_messages` while a watermark is held. Nothing else:
-    # no Python call of ours, no object but the `pulsar.Message` the application keeps (the position rides on it as
-    # `_wm_at`, for `acknowledge`). So `receive` and `batch_receive` write `_wrap`'s lines out inline, and the
-    # listener's thread, markers and every message a lane does not let through take the cold path: `_wrap`, then
-    # the feed's `received` (the engine decides). docs/DECISIONS.md, "The pull path at the speed of a position".
+    # a correct consumer cannot skip: the marker property, the message's position and one comparison with the
+    # partition's lane (consumer/trust.py `Lane`, under the feed's lock for a message, without a lock for an
+    # acknowledgement), and `event_timestamp` for `late_messages` while a watermark is held. The position is the
+    # message id the client's binding returns, kept as it is: it is the lanes' key (`_message_id_at`), compared with
+    # the binding's own `<`, and the rule asks it for ledger, entry and batch index only where it needs a position
+    # (consumer/trust.py `position_of`). It rides on the message as `_wm_at` (and its lane as `_wm_lane` when the
+    # consumer reads several partitions), for `acknowledge`.
+    #
+    # Written inline, on purpose, in `receive` and `batch_receive` (the same lines as `_wrap` and the lane's
+    # protocol, whose other home is the feed's `received`):
+    # no Python call of ours, no object but the `pulsar.Message` the application keeps (a call of ours costs about
+    # what a binding call does, docs/DECISIONS.md, "The pull path at the speed of a position"). Everything else
+    # (markers, the listener's thread, every message a lane does not let through) takes the cold path: `_wrap`,
+    # then the feed's `received` (the engine decides).
 
-    def _wrap(self, raw: Any) -> tuple[pulsar.Message, int, Position]:
-        """The `pulsar.Message` of what the client's binding returned, as the client wraps it, with its (partition,
-        position) as `_wm_at` (`acknowledge` reads it back)."""
-        msg_id = raw.message_id()
-        partition = self._only_partition
-        if partition is None:
-            index = msg_id.partition()
-            partition = index if index >= 0 else self._unnamed_partition
-        position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+    def _partition_of(self, key: Any) -> int:
+        """Our name of the partition of a message id (the feed's: -1 from one partition's consumer is that one)."""
+        index: int = key.partition()
+        return index if index >= 0 else self._unnamed_partition
+
+    def _wrap(self, raw: Any) -> tuple[pulsar.Message, Any, Lane | None]:
+        """The `pulsar.Message` of what the client's binding returned, as the client wraps it, with its message id
+        (the lanes' key, `_wm_at`) and its partition's lane (None: a partition the engine does not follow yet)."""
+        key = raw.message_id()
         message = _Message()
         message._message = raw
         message._schema = self._schema
-        message._wm_at = (partition, position)
-        return message, partition, position
+        message._wm_at = key
+        lane = self._only_lane
+        if lane is None:
+            lane = message._wm_lane = self._lanes.get(self._partition_of(key))
+        return message, key, lane
 
     def _marker(self, raw: Any) -> None:
         """A marker: the engine skips it and acknowledges it; counted (a malformed one logged once per kind).
 
         Through the lane when it is open both ways (received, then acknowledged at once: what the engine would do,
         consumer/trust.py `Lane`), else the engine's."""
-        message, partition, position = self._wrap(raw)
-        lane = self._feed.lanes.get(partition)
+        message, key, lane = self._wrap(raw)
         quiet = False
         if lane is not None:
-            with self._feed.lock:
-                if lane.receiving and lane.acknowledging and position > lane.after:
-                    lane.after = position
-                    lane.arrived.append(position)
-                    lane.acked.append(position)
+            with self._lock:
+                if lane.receiving and lane.acknowledging and lane.after < key:
+                    lane.after = key
+                    lane.skipped.append(key)
                     quiet = True
         if quiet:
             self._send_acknowledgement(message)
         else:
-            self._feed.received(partition, position, message, True)
+            self._feed.received(self._partition_of(key), key, message, True)
         try:
-            decode_marker(raw.properties(), message.data(), message.producer_name(), position,
+            decode_marker(raw.properties(), message.data(), message.producer_name(), position_of(key),
                           message.publish_timestamp())  # fmt: skip
             self.markers_hidden += 1
         except MalformedMarker as exc:
@@ -268,79 +275,69 @@ class WatermarkConsumer:
 
     def _position(self, message_or_id: Any) -> tuple[int, Position]:
         """(partition, position) of a message or a message id, as the feed names partitions."""
-        at = getattr(message_or_id, "_wm_at", None)  # on every message received
-        if at is not None:
-            return at  # type: ignore[no-any-return]
-        msg_id = message_or_id.message_id() if hasattr(message_or_id, "message_id") else message_or_id
-        partition = self._feed.partition_of(msg_id.partition())
-        return partition, position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+        key = getattr(message_or_id, "_wm_at", None)  # on every message received
+        if key is None:
+            key = message_or_id.message_id() if hasattr(message_or_id, "message_id") else message_or_id
+        return self._partition_of(key), position_of(key)
 
     def _acknowledge_skipped(self, message: object) -> None:
         """The engine skipped a message (a marker, a seek's target): acknowledge it."""
         self._on_consumer(lambda c: c.acknowledge(message))
 
-    def _note_lateness(self, message: pulsar.Message, watermark: Watermark | None) -> None:
-        if watermark is not None:
-            event_time = message._message.event_timestamp()
-            if event_time and event_time < watermark.event_time:
-                self.late_messages += 1
-                self._late.add(message)
+    @property
+    def late_messages(self) -> int:
+        """How many messages were handed over with an event time below the watermark held then."""
+        return self._lateness.count
 
     def is_late(self, message: pulsar.Message) -> bool:
         """True if the message's event time was below this consumer's watermark when it was handed over."""
-        return message in self._late
+        return message in self._lateness
 
     def receive(self, timeout_millis: int | None = None) -> pulsar.Message:
         """The next data message; markers are acknowledged and skipped within the same timeout."""
         if self._listener is not None:
             raise RuntimeError("this consumer has a listener; messages go to it, not to receive()")
-        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
+        started = None if timeout_millis is None else _monotonic()
         left = timeout_millis
-        feed, only = self._feed, self._only_lane
-        lanes: dict[int, Lane] = feed.lanes
-        lock = feed.lock
         while True:
             try:
                 raw = self._raw.receive() if left is None else self._raw.receive(left)
             except pulsar.AlreadyClosed:  # a seek is replacing the consumer (`_renew`)
                 raw = self._receive_raw(left)
-            if MARKER_PROPERTY in raw.properties():
-                self._marker(raw)
-            else:  # `_wrap`, inline
-                msg_id = raw.message_id()
-                lane: Lane | None
-                if only is not None:
-                    lane, partition = only, only.partition
-                else:
-                    partition = msg_id.partition()
-                    if partition < 0:
-                        partition = self._unnamed_partition
-                    lane = lanes.get(partition)
-                position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+            if MARKER_PROPERTY not in raw.properties():
+                key = raw.message_id()  # `_wrap`, inline
                 message = _Message()
                 message._message = raw
                 message._schema = self._schema
-                message._wm_at = (partition, position)
-                quiet = False
-                if lane is not None:
+                message._wm_at = key
+                lane = self._only_lane
+                if lane is None:
+                    lane = message._wm_lane = self._lanes.get(self._partition_of(key))
+                if lane is not None:  # the lane's protocol (consumer/trust.py `Lane`), inline
+                    lock = self._lock
                     lock.acquire()
                     try:
-                        if lane.receiving and position > lane.after:  # the lane's protocol (consumer/trust.py `Lane`)
-                            lane.after = position
-                            lane.arrived.append(position)
-                            quiet = True
+                        quiet = lane.receiving and lane.after < key
+                        if quiet:
+                            lane.after = key
+                            lane.arrived.append(key)
                     finally:
                         lock.release()
-                if quiet or feed.received(partition, position, message):
-                    current = feed.current  # `_note_lateness`, inline
-                    if current is not None:
-                        event_time = raw.event_timestamp()
-                        if event_time and event_time < current.event_time:
-                            self.late_messages += 1
-                            self._late.add(message)
+                    if quiet or self._feed.received(self._partition_of(key), key, message):
+                        current = self._feed.current  # `Lateness.judge`, inline
+                        if current is not None:
+                            event_time = raw.event_timestamp()
+                            if event_time and event_time < current.event_time:
+                                self._lateness.late(message)
+                        return message
+                elif self._feed.received(self._partition_of(key), key, message):
+                    self._lateness.judge(message, self._feed.current)
                     return message
-            if deadline is not None:
-                left = max(0, int((deadline - time.monotonic()) * 1000))
+            else:
+                self._marker(raw)
+            if started is not None:
+                assert timeout_millis is not None
+                left = max(0, timeout_millis - int((_monotonic() - started) * 1000))
 
     def batch_receive(self) -> list[pulsar.Message]:
         """The client's `batch_receive` (see its `batch_receive_policy`) with the markers taken out (they are
@@ -353,14 +350,7 @@ class WatermarkConsumer:
         batch = self._on_raw(lambda c: _collect_batch(c.receive, *self._batch_policy))
         delivered: list[pulsar.Message] = []
         append = delivered.append
-        feed, lanes, only, schema, unnamed = (
-            self._feed,
-            self._feed.lanes,
-            self._only_lane,
-            self._schema,
-            self._unnamed_partition,
-        )
-        lock = feed.lock
+        feed, lanes, only, schema, lock = self._feed, self._lanes, self._only_lane, self._schema, self._lock
         current = feed.current
         lock.acquire()  # held over the batch, let go around what the engine decides
         try:
@@ -373,37 +363,30 @@ class WatermarkConsumer:
                         lock.acquire()
                     current = feed.current
                     continue
-                msg_id = raw.message_id()  # `_wrap`, inline
-                lane: Lane | None
-                if only is not None:
-                    lane, partition = only, only.partition
-                else:
-                    partition = msg_id.partition()
-                    if partition < 0:
-                        partition = unnamed
-                    lane = lanes.get(partition)
-                position = (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
+                key = raw.message_id()  # `_wrap`, inline
                 message = _Message()
                 message._message = raw
                 message._schema = schema
-                message._wm_at = (partition, position)
-                if lane is not None and lane.receiving and position > lane.after:
-                    lane.after = position
-                    lane.arrived.append(position)
+                message._wm_at = key
+                lane = only
+                if lane is None:
+                    lane = message._wm_lane = lanes.get(self._partition_of(key))
+                if lane is not None and lane.receiving and lane.after < key:  # the lane's protocol, inline
+                    lane.after = key
+                    lane.arrived.append(key)
                 else:
                     lock.release()
                     try:
-                        taken = feed.received(partition, position, message)
+                        taken = feed.received(self._partition_of(key), key, message)
                     finally:
                         lock.acquire()
                     current = feed.current
                     if not taken:
                         continue
-                if current is not None:  # `_note_lateness`, inline
+                if current is not None:  # `Lateness.judge`, inline
                     event_time = raw.event_timestamp()
                     if event_time and event_time < current.event_time:
-                        self.late_messages += 1
-                        self._late.add(message)
+                        self._lateness.late(message)
                 append(message)
         finally:
             lock.release()
@@ -417,27 +400,10 @@ class WatermarkConsumer:
             return self._on_raw(lambda c: c.receive())
         return self._on_raw(lambda c: c.receive(timeout_millis))
 
-    def _deliver(self, message: pulsar.Message) -> None:
-        """Dispatcher: hand a data message to the listener, under the watermark it holds."""
-        self._note_lateness(message, self._handed)
-        assert self._listener is not None
-        self._listener.received(self, message)
-
-    def _hand(self, item: HandWatermark) -> None:
-        """Dispatcher: hand the listener a watermark (a restated one is held without calling it)."""
-        self._handed = None if item.withdrawn else item.watermark
-        assert self._listener is not None
-        if item.restated:
-            return
-        if item.withdrawn:
-            self._listener.watermark_withdrawn(self)
-        else:
-            self._listener.received_watermark(self, item.watermark)
-
     def _receive_one(self, timeout_millis: int) -> pulsar.Message | None:
-        """Dispatcher: receive a message (if one comes within `timeout_millis`) and tell the feed: the message if
-        the engine lets it go at once (the dispatcher delivers it next); else its deliveries come back through the
-        dispatcher's inbox."""
+        """The listener's intake (the dispatcher's `receive`): receive a message (if one comes within
+        `timeout_millis`) and tell the feed: the message if the engine lets it go at once (the dispatcher delivers it
+        next); else its deliveries reach the dispatcher's inbox through the feed."""
         try:
             raw = self._raw.receive(timeout_millis)
         except pulsar.Timeout:
@@ -450,8 +416,8 @@ class WatermarkConsumer:
             if MARKER_PROPERTY in raw.properties():
                 self._marker(raw)
                 return None
-            message, partition, position = self._wrap(raw)
-            return message if self._feed.received(partition, position, message) else None
+            message, key, _lane = self._wrap(raw)
+            return message if self._feed.received(self._partition_of(key), key, message) else None
         except Exception:
             if self._closed.is_set():  # closed meanwhile (e.g. acknowledging a marker): the broker redelivers it
                 log.debug("message %s of %s arrived while closing", raw.message_id(), self.topic, exc_info=True)
@@ -475,23 +441,31 @@ class WatermarkConsumer:
         """Acknowledge a message or message id; held back while it would let the subscription pass a
         position it moved back to before the watermark recomputed there has arrived (then sent)."""
         try:
-            partition, position = message._wm_at  # a message `receive` returned: a `pulsar.Message` of ours
-            ours = True
-        except AttributeError:
-            (partition, position), ours = self._position(message), False
-        lane = self._only_lane
-        if lane is None:
-            lane = self._feed.lanes.get(partition)
+            key = message._wm_at  # a message `receive` returned: its message id, the lanes' key
+        except AttributeError:  # a message id, or a message of another consumer
+            self._acknowledge_other(message)
+            return
+        lane = self._only_lane or message._wm_lane
         if lane is not None:  # the lane's protocol (consumer/trust.py `Lane`): append, then look
             acked = lane.acked
-            acked.append(position)
+            acked.append(key)
             if lane.acknowledging and lane.acked is acked:
-                if ours:  # `_send_acknowledgement`'s hot path, inline
-                    try:
-                        self._raw.acknowledge(message._message)
-                        return
-                    except pulsar.AlreadyClosed:  # a seek is replacing the consumer (`_renew`)
-                        pass
+                try:  # `_send_acknowledgement`, inline
+                    self._raw.acknowledge(message._message)
+                except pulsar.AlreadyClosed:  # a seek is replacing the consumer (`_renew`)
+                    self._on_consumer(lambda c: c.acknowledge(message))
+                return
+        send = functools.partial(self._send_acknowledgement, message)
+        self._feed.report(Acknowledged(self._partition_of(key), position_of(key), send))
+
+    def _acknowledge_other(self, message: Any) -> None:
+        """`acknowledge` of a message id (or a message this consumer did not return): by its position."""
+        partition, position = self._position(message)
+        lane = self._lanes.get(partition)
+        if lane is not None:
+            acked = lane.acked
+            acked.append(_message_id_at(position))  # a key of the lanes' kind
+            if lane.acknowledging and lane.acked is acked:
                 self._send_acknowledgement(message)
                 return
         self._feed.report(Acknowledged(partition, position, functools.partial(self._send_acknowledgement, message)))

@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pulsar
 
@@ -42,6 +43,7 @@ from consumer.engine import (
     Tick,
     WatermarkRead,
 )
+from consumer.trust import position_of
 from pulsar_access.companion import CompanionReader
 from pulsar_access.incarnations import Incarnations
 from pulsar_access.topics import base_topic_and_partition
@@ -98,6 +100,7 @@ class WatermarkFeed:
         idle: Callable[[], bool] | None = None,
         acknowledge: Callable[[object], None] | None = None,
         admin_url: str | None = None,
+        key: Callable[[Position], Any] | None = None,
     ) -> None:
         self.topic, own_partition = base_topic_and_partition(topic)
         self.subscription = subscription
@@ -111,7 +114,9 @@ class WatermarkFeed:
         self._follow_new_partitions = partitions is None and own_partition == -1 and indexes != [-1]
         self._partition_refresh_s = partition_refresh_s
         limits = Limits(min(fallback_wait_s, recompute_wait_s), recompute_wait_s)
-        self._engine = ConsumerEngine(indexes, listener=listener, limits=limits, follow_new=self._follow_new_partitions)
+        self._engine = ConsumerEngine(
+            indexes, listener=listener, limits=limits, follow_new=self._follow_new_partitions, key=key
+        )
         self.current: Watermark | None = None
         """The engine's watermark (strict without a listener), copied after each event it handled (all under the lock,
         here): the hot path reads it per message without a call."""
@@ -192,8 +197,9 @@ class WatermarkFeed:
             self._send_acknowledgements(commands)
         return commands
 
-    def received(self, partition: int, position: Position, message: object, marker: bool = False) -> bool:
-        """The client delivered `message`: whether the caller hands it to the application now. A data message the
+    def received(self, partition: int, key: Any, message: object, marker: bool = False) -> bool:
+        """The client delivered `message` (`key`: its key in the lanes, consumer/trust.py `Lane`; a position by
+        default): whether the caller hands it to the application now. A data message the
         partition's lane lets through (with `perform`, only while `idle()`: nothing commanded before it is still to
         be carried out) costs one lock, and the caller hands it over; any other is `report`ed (a marker is skipped
         and acknowledged; with `perform` the engine's `Deliver` reaches the application through it, and the caller
@@ -201,12 +207,12 @@ class WatermarkFeed:
         if not marker:
             idle = self._idle
             with self.lock:
-                if (idle is None or idle()) and self._engine.received_quietly(partition, position):
+                if (idle is None or idle()) and self._engine.received_quietly(partition, key):
                     return True
-        commands = self.report(Received(partition, position, message, marker))
+        commands = self.report(Received(partition, position_of(key), message, marker))
         return self._perform is None and any(type(command) is Deliver for command in commands)
 
-    def acknowledged_quietly(self, partition: int, position: Position) -> bool:
+    def acknowledged_quietly(self, partition: int, position: Any) -> bool:
         """An acknowledgement through the partition's lane (no lock, see `Lane`): True, the caller sends it; False,
         `report(Acknowledged(...))` instead."""
         return self._engine.acknowledged_quietly(partition, position)

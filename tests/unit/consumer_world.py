@@ -44,6 +44,37 @@ def at(entry: int) -> Position:
     return (L, entry, -1)
 
 
+class Key:
+    """A lane's key as the consumer's shell writes it (consumer/trust.py `Lane`): the client binding's message id,
+    which orders as positions do with `<` alone (its `==` also compares the partition), has no hash, and gives its
+    position through three getters."""
+
+    __slots__ = ("_at",)
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, ledger: int, entry: int, batch: int) -> None:
+        self._at = (ledger, entry, batch)
+
+    def __lt__(self, other: Key) -> bool:
+        return self._at < other._at
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Key) and self._at == other._at
+
+    def ledger_id(self) -> int:
+        return self._at[0]
+
+    def entry_id(self) -> int:
+        return self._at[1]
+
+    def batch_index(self) -> int:
+        return self._at[2]
+
+
+def key_of(position: Position) -> Key:
+    return Key(*position)
+
+
 @dataclass(frozen=True)
 class Entry:
     producer: str
@@ -107,7 +138,9 @@ class ConsumerWorld:
             (i if partitioned else -1): Partition(list(log)) for i, log in enumerate(logs)
         }
         self.listener = listener
-        self.engine = ConsumerEngine(list(self.partitions), listener=listener, follow_new=partitioned)
+        self.engine = ConsumerEngine(list(self.partitions), listener=listener, follow_new=partitioned, key=key_of)
+        self.keys: dict[tuple[int, int], Key] = {}
+        """The key each message's last delivery rode on (the shell's message id), for the lanes."""
         self.now = 0.0
         self.channel: deque[Event] = deque()
         self._generator_up = True
@@ -189,7 +222,13 @@ class ConsumerWorld:
         if entry in seen:  # what comes again shows the reset; an entry never received here does not
             self.unseen_reset.discard(partition)
         seen.add(entry)
-        if not state.log[entry].marker and self.engine.received_quietly(partition, at(entry)):
+        key = self.keys[(partition, entry)] = Key(*at(entry))
+        if state.log[entry].marker and self.engine.skipped_quietly(partition, key):  # the shell's hot path
+            self.broker_ack(partition, entry, False)
+            self.observe(self.engine.current)
+            self.check_still_to_come()
+            return
+        if not state.log[entry].marker and self.engine.received_quietly(partition, key):
             self.check_hand_over(partition, entry)  # the shell's hot path: delivered, nothing else
             self.handed.append((partition, entry))
             self.observe(self.engine.current)
@@ -203,7 +242,7 @@ class ConsumerWorld:
         partition, entry = self.handed.pop(index % len(self.handed))
         if cumulative:
             self.handed = [(p, e) for p, e in self.handed if p != partition or e > entry]
-        elif self.engine.acknowledged_quietly(partition, at(entry)):  # the shell's hot path
+        elif self.engine.acknowledged_quietly(partition, self.keys.get((partition, entry)) or key_of(at(entry))):
             self.broker_ack(partition, entry, False)
             self.observe(self.engine.current)
             self.check_still_to_come()

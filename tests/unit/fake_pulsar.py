@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import _pulsar
 import pulsar
 import pulsar.schema
 
@@ -67,9 +68,10 @@ class FakeRaw:
     calls: list[str] = field(default_factory=list)
     """The accessors asked, in order (`message_id` counts the position's cost)."""
 
-    def message_id(self) -> FakeId:
+    def message_id(self) -> Any:
+        """The binding's own message id (the consumer's lanes compare it with `<`, consumer/trust.py `Lane`)."""
         self.calls.append("message_id")
-        return self.id
+        return _pulsar.MessageId(self.id.index, self.id.ledger, self.id.entry, self.id.batch)
 
     def properties(self) -> dict[str, str]:
         return self.props

@@ -7,12 +7,14 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pulsar
 import pytest
 
 from consumer.dispatcher import Dispatcher
 from consumer.engine import Deliver, HandWatermark, Sought
+from consumer.lateness import Lateness
 from consumer.listener import WatermarkListener
 from consumer.watermark_consumer import WatermarkConsumer
 from consumer.watermark_feed import WatermarkFeed
@@ -345,24 +347,43 @@ def test_with_a_listener_the_hot_path_hands_over_only_while_nothing_waits_in_the
 
 def test_the_dispatcher_delivers_what_receive_lets_go_after_the_inbox_and_before_what_comes_later() -> None:
     order: list[object] = []
-    tokens = iter(["direct", None])
+
+    class Message:
+        def __init__(self, name: str) -> None:
+            self.name, self._message = name, self
+
+        def event_timestamp(self) -> int:
+            return 0
+
+    class Listener:
+        def received(self, _consumer: object, message: Message) -> None:
+            order.append(message.name)
+
+        def received_watermark(self, _consumer: object, watermark: Watermark) -> None:
+            order.append(watermark.event_time)
+
+        def watermark_withdrawn(self, _consumer: object) -> None:
+            order.append(None)
+
+    tokens = iter([Message("direct"), None])
     dispatcher: Dispatcher
 
-    def receive(_timeout: int) -> object:
+    def receive(_timeout: int) -> Any:
         token = next(tokens, None)
-        if token == "direct":
+        if token is not None:
             dispatcher.put([HandWatermark(Watermark(7))])  # commanded after the message was let go
         return token
 
     dispatcher = Dispatcher(
-        "test-dispatcher", receive=receive, deliver=order.append,
-        hand=lambda item: order.append(item.watermark.event_time), full=lambda: False,
+        "test-dispatcher", listener=Listener(), consumer=None, receive=receive, full=lambda: False,
+        lateness=Lateness(),
     )  # fmt: skip
-    dispatcher.put([Deliver("queued"), HandWatermark(Watermark(5))])
+    dispatcher.put([Deliver(Message("queued")), HandWatermark(Watermark(5))])
     dispatcher.start()
     try:
         assert eventually(lambda: len(order) == 4), order
         assert order == ["queued", 5, "direct", 7]
+        assert dispatcher.handed == Watermark(7)
     finally:
         dispatcher.stop()
 

@@ -6,7 +6,7 @@ tests/unit/test_consumer_engine_properties.py.
 
 from __future__ import annotations
 
-from consumer.trust import WITHDRAWN, Computed, Outcome, WatermarkTrust
+from consumer.trust import WITHDRAWN, Acknowledgements, Computed, Outcome, WatermarkTrust
 from watermark_core.protocol import Watermark
 
 L = 7  # the ledger of every example
@@ -348,3 +348,58 @@ def test_a_partition_added_later_holds_the_watermark_back() -> None:
     assert trust.listener_watermark(Watermark(20)) == Watermark(20)
     trust.on_event(0, (L, 9), 900)
     assert trust.listener_watermark(Watermark(20)) == Watermark(700)
+
+
+# -- what a partition acknowledged: runs of lane keys, turned into positions only when asked inside (issue 48) ----
+
+
+class _Key:
+    """A lane key as the shell's (the binding's message id): ordered by `<`, no hash, its position by getters."""
+
+    __hash__ = None  # type: ignore[assignment]
+    asked = 0
+
+    def __init__(self, entry: int) -> None:
+        self.entry = entry
+
+    def __lt__(self, other: _Key) -> bool:
+        return self.entry < other.entry
+
+    def ledger_id(self) -> int:
+        _Key.asked += 1
+        return L
+
+    def entry_id(self) -> int:
+        return self.entry
+
+    def batch_index(self) -> int:
+        return -1
+
+
+def test_a_run_acknowledged_in_order_is_asked_for_positions_only_inside_it() -> None:
+    acknowledged = Acknowledgements()
+    acknowledged.add(pos(1))
+    acknowledged.add_run([_Key(e) for e in range(10, 20)], pos(10), pos(19))
+    _Key.asked = 0
+    assert pos(1) in acknowledged and pos(5) not in acknowledged and pos(25) not in acknowledged
+    assert _Key.asked == 0, "outside the run's ends: no key asked"
+    acknowledged.forget_through((L, 5))
+    acknowledged.keep_before(pos(30))
+    assert _Key.asked == 0 and len(acknowledged) == 10, "the whole run is after entry 5 and before 30"
+    assert pos(12) in acknowledged and _Key.asked == 10, "inside: the run becomes positions once"
+    assert list(acknowledged) == [pos(e) for e in range(10, 20)]
+
+
+def test_forgetting_and_keeping_cut_a_run_where_they_fall_and_keep_the_newest() -> None:
+    acknowledged = Acknowledgements()
+    acknowledged.add_run([_Key(e) for e in range(0, 10)], pos(0), pos(9))
+    acknowledged.add(pos(12))
+    acknowledged.add_run([_Key(e) for e in range(20, 30)], pos(20), pos(29))
+    acknowledged.forget_through((L, 4))
+    assert list(acknowledged) == [pos(e) for e in (*range(5, 10), 12, *range(20, 30))]
+    acknowledged.keep_before(pos(25))
+    assert list(acknowledged) == [pos(e) for e in (*range(5, 10), 12, *range(20, 25))]
+    acknowledged.keep_newest(7)
+    assert list(acknowledged) == [pos(e) for e in (9, 12, 20, 21, 22, 23, 24)] and len(acknowledged) == 7
+    acknowledged.clear()
+    assert not acknowledged and list(acknowledged) == []
