@@ -471,9 +471,13 @@ class PartitionIO:
     def _acknowledge(self, position: Position) -> None:
         """Move our cursor to a durable snapshot's stated position: acknowledge the message there (the plugin's
         intake hands no message: up to its entry when the position is a whole entry, else up to the one before,
-        since more markers of that batch may follow)."""
+        since more markers of that batch may follow; the plugin moves the cursor inside its broker then)."""
         anchor, self._anchor = self._anchor, None
         target = None if anchor is None or anchor[0] != position else anchor[1] or _up_to(self.partition, position)
+        if target is not None and self._intake and self.ctx.poller.acknowledge(
+            self, (target.ledger_id(), target.entry_id())
+        ):
+            return  # inside the broker, by the plugin that hands the entries over
         if target is None or self.consumer is None:
             log.debug("%s: not acknowledging up to %s (the message there is not at hand)", self.topic, position[:2])
             return

@@ -9,7 +9,7 @@ from __future__ import annotations
 import http.client
 import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode, urljoin, urlsplit
 
@@ -44,6 +44,7 @@ class PluginMissing(AdminError):
 
 
 PLUGIN_CHANGES_PATH = "/watermark-cursors/changes"
+PLUGIN_ACKNOWLEDGE_PATH = "/watermark-cursors/acknowledge"
 
 
 class PulsarAdmin:
@@ -547,6 +548,27 @@ class PulsarAdmin:
             raise AdminError(f"{url} failed with {response.status}", response.status)
         answer: dict[str, Any] = orjson.loads(body)
         return answer
+
+    def plugin_acknowledge(self, broker: str, positions: Mapping[str, tuple[int, int]]) -> dict[str, str]:
+        """Move the `__wm_generator` cursor of each topic to its (ledger, entry), inside `broker` by its plugin
+        (docs/PROTOCOL.md section 10, "The generator's cursor"), making the subscription where it is missing. Per
+        topic: "done", "elsewhere" (`broker` does not serve it) or "failed: ..."; raises `PluginMissing` where
+        the broker does not serve the plugin or refuses the role."""
+        body = "".join(f"{topic} {ledger} {entry}\n" for topic, (ledger, entry) in positions.items())
+        url = f"{broker}{PLUGIN_ACKNOWLEDGE_PATH}"
+        headers = {"Content-Type": "text/plain", "Accept": "application/json", **self.settings.admin_headers()}
+        try:
+            response = self._http.post(url, data=body.encode(), headers=headers, timeout=self.timeout_s)
+        except requests.ConnectionError as exc:
+            raise BrokerUnreachable(f"the broker at {broker} does not answer ({type(exc).__name__})") from exc
+        if response.status_code in (404, 405, 401, 403):
+            raise PluginMissing(f"{url} answered {response.status_code}: {response.text.strip()[:300]}",
+                                response.status_code)  # fmt: skip
+        if response.status_code >= 400:
+            raise AdminError(f"{url} failed with {response.status_code}: {response.text.strip()[:300]}",
+                             response.status_code)  # fmt: skip
+        outcomes: dict[str, str] = orjson.loads(response.content)
+        return outcomes
 
     def broker_metrics(self, base_url: str | None = None) -> bytes:
         """The Prometheus text of one broker (`/metrics/`; default: the admin URL in use): every topic it serves,

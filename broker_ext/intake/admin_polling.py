@@ -348,6 +348,9 @@ class CursorPoller:
                         "--ack-watch-interval-s 0", exc)  # fmt: skip
         self._schedule_scrape()
 
+    def acknowledge(self, partition: Followed, position: tuple[int, int]) -> bool:
+        return False  # through the admin API, the partition's consumer moves its cursor
+
     def request(self, partition: Followed) -> None:
         """Read the partition's cursors as soon as possible (batched with others of its topic)."""
         state = self._state(partition)

@@ -110,6 +110,8 @@ class PluginCursors:
         keeps of it is asked for again (a full answer), since what was told meanwhile does not come twice."""
         self._refetch: set[str] = set()
         """Brokers whose next poll asks for everything (a full answer): written on the loop, read by its poll."""
+        self._acks: dict[str, dict[str, tuple[int, int]]] = {}
+        """Broker -> topic -> where its generator cursor moves, sent at the end of the loop's turn (loop thread)."""
         self._stopping = threading.Event()
         self._said_path = False
 
@@ -150,6 +152,37 @@ class PluginCursors:
             self.poller.request(partition)
             return
         self.loop.post(lambda: self._deliver_latest(partition))
+
+    def acknowledge(self, partition: Followed, position: tuple[int, int]) -> bool:
+        """Move the partition's `__wm_generator` cursor to `position` inside the broker whose plugin reports it
+        (docs/PROTOCOL.md section 10); False where none does (its consumer acknowledges)."""
+        pushed = self._pushed.get(partition.topic)
+        if pushed is None:
+            return False
+        batch = self._acks.get(pushed.broker)
+        if batch is None:
+            batch = self._acks[pushed.broker] = {}
+            self.loop.post(lambda: self._send_acks(pushed.broker))  # after this turn: one request for all of it
+        batch[partition.topic] = max(position, batch.get(partition.topic, position))
+        return True
+
+    def _send_acks(self, broker: str) -> None:
+        batch = self._acks.pop(broker, None)
+        if not batch:
+            return
+
+        def work() -> None:
+            try:
+                outcomes = self.admin.plugin_acknowledge(broker, batch)
+            except AdminError as exc:  # the next snapshot moves it further; retention keeps what it covers
+                log.debug("moving the generator's cursor of %d topics on %s failed: %s", len(batch), broker, exc)
+                return
+            self._count("plugin-acknowledge")
+            for topic, outcome in outcomes.items():
+                if outcome != "done":
+                    log.debug("%s: moving the generator's cursor to %s on %s: %s", topic, batch[topic], broker, outcome)
+
+        self.pool.submit(work)
 
     # -- answers (loop thread) ------------------------------------------------------------------------------
 

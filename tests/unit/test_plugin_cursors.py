@@ -266,3 +266,23 @@ def test_a_partition_that_missed_what_the_plugin_told_while_it_was_not_ours_asks
     cursors._answered(B1, {"epoch": "f", "seq": 1, "full": True, "topics": topics, "gone": []})
     (report,) = handed
     assert report.entries[0].stretch == (("a", 2, 7),) and report.scanned_to == (5, 4)
+
+
+def test_the_generators_cursor_moves_through_the_plugin_that_reports_the_topic_one_request_per_broker() -> None:
+    """Issue 47: where a plugin reports the topic, the generator's cursor moves inside that broker (no consumer
+    acknowledgement); the acknowledgements of one turn of the loop go in one request, the latest per topic."""
+    cursors, partition, other = _cursors(), _partition(), _partition(T0 + "-2")
+    sent: list[tuple[str, dict[str, tuple[int, int]]]] = []
+    cursors.admin = cast(Any, SimpleNamespace(plugin_acknowledge=lambda b, p: sent.append((b, dict(p))) or {}))
+    submitted: list[Any] = []
+    cursors.pool = cast(Any, SimpleNamespace(submit=submitted.append))
+    for p in (partition, other):
+        cursors.add(p)
+    assert not cursors.acknowledge(partition, (5, 2))  # no plugin reports it yet: its consumer acknowledges
+    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: _report(3)}, "gone": []})
+    assert cursors.acknowledge(partition, (5, 2)) and cursors.acknowledge(partition, (5, 3))
+    assert not cursors.acknowledge(other, (5, 1))
+    _run_posted(cursors)
+    for work in submitted:
+        work()
+    assert sent == [(B1, {T0: (5, 3)})]

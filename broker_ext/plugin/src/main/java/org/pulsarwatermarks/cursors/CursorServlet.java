@@ -2,6 +2,9 @@ package org.pulsarwatermarks.cursors;
 
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
 import java.util.Queue;
 import java.util.Set;
 import java.util.concurrent.ConcurrentLinkedQueue;
@@ -17,6 +20,8 @@ import javax.servlet.AsyncListener;
 import javax.servlet.http.HttpServlet;
 import javax.servlet.http.HttpServletRequest;
 import javax.servlet.http.HttpServletResponse;
+import org.apache.bookkeeper.mledger.Position;
+import org.apache.bookkeeper.mledger.PositionFactory;
 import org.apache.pulsar.broker.PulsarService;
 import org.apache.pulsar.broker.ServiceConfiguration;
 import org.apache.pulsar.broker.authentication.AuthenticationDataSource;
@@ -24,8 +29,12 @@ import org.apache.pulsar.broker.authorization.AuthorizationService;
 import org.apache.pulsar.broker.intercept.BrokerInterceptor;
 import org.apache.pulsar.broker.intercept.BrokerInterceptorWithClassLoader;
 import org.apache.pulsar.broker.intercept.BrokerInterceptors;
+import org.apache.pulsar.broker.service.persistent.PersistentSubscription;
+import org.apache.pulsar.broker.service.persistent.PersistentTopic;
 import org.apache.pulsar.broker.web.AuthenticationFilter;
 import org.apache.pulsar.broker.web.plugin.servlet.AdditionalServletWithPulsarService;
+import org.apache.pulsar.common.api.proto.CommandAck;
+import org.apache.pulsar.common.api.proto.CommandSubscribe;
 import org.apache.pulsar.common.configuration.PulsarConfiguration;
 import org.apache.pulsar.common.naming.NamespaceName;
 import org.apache.pulsar.common.naming.TopicName;
@@ -245,6 +254,64 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
         waiter.timeout = answers.schedule(() -> answerQuietly(waiter, waiter.changes()), timeoutMs,
                 TimeUnit.MILLISECONDS);
         wakeSoon(); // a change between since() and add() must not wait for the next one
+    }
+
+    /**
+     * {@code POST /watermark-cursors/acknowledge}: moves the {@code __wm_generator} cursor of each topic named
+     * ({@link Acknowledgements}) that this broker serves, making the subscription where it is missing: the
+     * generator's cursor kept inside the broker, with no consumer of the generator's. A role may move it only in
+     * namespaces where it may consume. Acknowledgements made here pass no interceptor, so the tracker is told.
+     */
+    @Override
+    protected void doPost(HttpServletRequest request, HttpServletResponse response) throws IOException {
+        if (!"/acknowledge".equals(request.getPathInfo())) {
+            response.sendError(HttpServletResponse.SC_NOT_FOUND, "POST " + BASE_PATH + "/acknowledge only");
+            return;
+        }
+        Map<String, TopicCursors.Position> wanted;
+        try {
+            wanted = Acknowledgements.parse(new String(request.getInputStream().readAllBytes(), StandardCharsets.UTF_8));
+        } catch (IllegalArgumentException e) {
+            response.sendError(HttpServletResponse.SC_BAD_REQUEST, e.getMessage());
+            return;
+        }
+        Set<String> namespaces = new java.util.LinkedHashSet<>();
+        wanted.keySet().forEach(topic -> namespaces.add(Namespaces.namespaceOf(topic)));
+        if (view(request, response, namespaces, null) == null) {
+            return; // refused: it may not consume in one of them
+        }
+        Map<String, String> outcomes = new LinkedHashMap<>();
+        wanted.forEach((topic, position) -> outcomes.put(topic, acknowledge(topic, position)));
+        byte[] body = Acknowledgements.render(outcomes).getBytes(StandardCharsets.UTF_8);
+        response.setStatus(HttpServletResponse.SC_OK);
+        response.setContentType("application/json");
+        response.setContentLength(body.length);
+        response.getOutputStream().write(body);
+        response.flushBuffer();
+    }
+
+    private String acknowledge(String topic, TopicCursors.Position position) {
+        if (!(pulsar.getBrokerService().getTopicReference(topic).orElse(null) instanceof PersistentTopic served)) {
+            return Acknowledgements.ELSEWHERE;
+        }
+        try {
+            PersistentSubscription subscription = served.getSubscription(BrokerCursors.GENERATOR_SUBSCRIPTION);
+            if (subscription == null) {
+                subscription = (PersistentSubscription) served.createSubscription(BrokerCursors.GENERATOR_SUBSCRIPTION,
+                        CommandSubscribe.InitialPosition.Earliest, false, Map.of()).get(CHECK_TIMEOUT_S,
+                        TimeUnit.SECONDS);
+            }
+            Position current = subscription.getCursor().getMarkDeletedPosition();
+            Position target = PositionFactory.create(position.ledger(), position.entry());
+            if (target.compareTo(current) > 0) { // an older position is done already: the cursor never moves back
+                subscription.acknowledgeMessage(List.of(target), CommandAck.AckType.Cumulative, Map.of());
+            }
+            tracker.touched(topic);
+            return Acknowledgements.DONE;
+        } catch (Exception e) {
+            log.warn("watermark-cursors: moving the generator's cursor of {} to {} failed", topic, position, e);
+            return "failed: " + e;
+        }
     }
 
     /** Any thread: have the answer thread look at every waiting poll, once for a burst of changes. */

@@ -86,6 +86,10 @@ final class IntakeTracker implements CursorTracker.Followers, AutoCloseable {
         String name = topic.getName();
         TopicCursors.Position acknowledged = cursors.cursors().get(BrokerCursors.GENERATOR_SUBSCRIPTION);
         Reading reading = readings.get(name);
+        if (reading != null && reading.topic() != topic) {
+            unfollowed(name); // deleted and created again (or unloaded and loaded) under its name: read it anew
+            reading = null;
+        }
         if (reading == null) {
             if (!wanted(name) || acknowledged == null) {
                 return;
@@ -96,6 +100,7 @@ final class IntakeTracker implements CursorTracker.Followers, AutoCloseable {
                         acknowledged, thread, this::read);
                 reading = new Reading(topic, reader, intake);
                 readings.put(name, reading);
+                reader.start();
                 log.info("watermark-cursors: reading {} for its markers from {}", name, acknowledged);
             } catch (ManagedLedgerException | RuntimeException e) {
                 log.warn("watermark-cursors: cannot read {} for its markers; the next sweep tries again", name, e);
@@ -119,9 +124,9 @@ final class IntakeTracker implements CursorTracker.Followers, AutoCloseable {
     }
 
     /** On this tracker's thread: one read of a topic's entries, scanned, then kept as one change of the report. */
-    private void read(String topic, List<Entry> entries) {
+    private void read(TopicReader reader, String topic, List<Entry> entries) {
         Reading reading = readings.get(topic);
-        if (reading == null || entries.isEmpty()) {
+        if (reading == null || reading.reader() != reader || entries.isEmpty()) { // not a closed reader's last read
             return;
         }
         List<java.util.function.ObjLongConsumer<TopicIntake>> found = new ArrayList<>();

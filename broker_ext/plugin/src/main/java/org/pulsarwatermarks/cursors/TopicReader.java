@@ -34,7 +34,7 @@ final class TopicReader implements AsyncCallbacks.ReadEntriesCallback {
 
     /** Where read entries go, on the intake's thread; the reader releases them after. */
     interface Sink {
-        void read(String topic, List<Entry> entries);
+        void read(TopicReader reader, String topic, List<Entry> entries);
     }
 
     private final String topic;
@@ -66,9 +66,12 @@ final class TopicReader implements AsyncCallbacks.ReadEntriesCallback {
         // a name of its own: the ledger hands back a cursor of the same name still open (one being removed)
         ManagedCursor cursor = ledger.newNonDurableCursor(start, CURSOR_NAME + "-" + OPENED.incrementAndGet());
         cursor.setActive(); // a non-durable cursor waiting for entries is woken by a new one only while active
-        TopicReader reader = new TopicReader(topic, ledger, cursor, readable, thread, sink);
-        reader.readMore();
-        return reader;
+        return new TopicReader(topic, ledger, cursor, readable, thread, sink);
+    }
+
+    /** Starts reading: once its owner knows it, so the first read's entries find where they go. */
+    void start() {
+        readMore();
     }
 
     private void readMore() {
@@ -88,7 +91,7 @@ final class TopicReader implements AsyncCallbacks.ReadEntriesCallback {
         thread.execute(() -> {
             try {
                 if (!closed) {
-                    sink.read(topic, entries);
+                    sink.read(this, topic, entries);
                 }
             } catch (RuntimeException e) {
                 log.warn("watermark-cursors: scanning {} failed; reading on", topic, e);
