@@ -788,6 +788,13 @@ class PartitionEngine:
             self._retry(rebuild, f"reading the partition failed: {read.error}", now, out)
             return
         state, at = rebuild.start
+        if at == BEFORE_EVERYTHING:
+            # a snapshot read on the way states the fold of all before it, deleted ledgers included: the fold
+            # goes on from the latest one (the partition's first entry left may follow ledgers deleted unread)
+            found = [s for m in read.markers if (s := self._trusted(m, [])) is not None and s.at <= rebuild.stop]
+            if found:
+                latest = max(found, key=lambda snapshot: snapshot.at)
+                state, at = latest.state, latest.at
         reason = refusal(at, read.first, read.ledgers, self.earliest_read)
         if reason is not None:
             if at != BEFORE_EVERYTHING:

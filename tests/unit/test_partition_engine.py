@@ -205,6 +205,37 @@ def test_each_snapshot_names_the_one_written_before_it_and_one_is_written_at_a_t
     assert len(written) == 3
 
 
+def test_a_take_over_after_deleted_ledgers_folds_from_the_ledger_start_snapshot_it_reads_not_from_nothing() -> None:
+    """A new owner's delivery pauses before the snapshot at the generator's cursor, so its search ends (after
+    `takeover_idle_s`) and it folds the partition from its start; Pulsar deleted the ledger before the current one
+    (no retention), so that fold begins at the first entry left. It starts from the ledger-start snapshot it reads
+    there: from nothing, it left out a producer that asserted only in the deleted ledger (premature: 5000, not
+    1000)."""
+    world = World(config=EngineConfig(snapshot_interval_messages=1_000))  # no periodic snapshot of the old owner's
+    first_owner(world)
+    world.w_set("p0", 1_000)
+    world.w_set("p3", 1_000)
+    world.deliver()
+    deleted = world.ledger
+    world.roll()
+    world.w_set("p0", 5_000)
+    world.data("p3", 2_000)
+    world.deliver()  # entering the new ledger: its ledger-start snapshot is written there
+    cursor = world.data("p3", 2_100)
+    world.data("p3", 2_200)  # written before the snapshot stating `cursor` was
+    world.snapshot_record(world.truth(cursor), None, "__wm_generator-old")  # a periodic one
+    world.generator_cursor = cursor[:2]
+    world.delete_ledger(deleted)
+    new = world.engine()
+    world.own(new)
+    world.deliver(1)  # the entry after the cursor; then delivery pauses before the snapshot
+    world.tick(1.0)
+    assert isinstance(new.phase, Following)
+    assert world.truth(cursor).watermark == 1_000
+    assert new.head is not None and new.head.watermark == 1_000
+    assert all(h.watermark != 5_000 for h in world.head_watermarks if h.position > cursor)
+
+
 def test_a_periodic_snapshot_moves_the_cursor_only_once_it_is_written() -> None:
     """DECISIONS: the generator's cursor moves only to the stated position of a snapshot it has written."""
     world = World(config=EngineConfig(snapshot_interval_messages=3))
