@@ -171,6 +171,18 @@ def test_a_watermark_that_goes_back_without_moving_back_is_found_and_withdrawals
     assert [v.check for v in check_withdrawn(heard)] == ["watermark-withdrawn"]
 
 
+def test_a_withdrawal_when_the_broker_starts_the_subscription_again_from_its_first_message_is_no_finding() -> None:
+    """A `kill -9` of a broker within the second before it stored a subscription's position starts it again
+    before the topic's first entry, where no watermark holds: the generator says so and consumers withdraw
+    (seeds 15840 and 1416). Every message comes again from the first one, which tells it from a give-up."""
+    first, later = (-1, 5, 2), (-1, 5, 30)
+    before = instance("c0", [Delivery("a", "p0", 5, 1.0, first), Delivery("b", "p0", 9, 2.0, later)])
+    withdrew = instance("c1", [WatermarkSeen(100, 3.0), WatermarkWithdrawn(4.0), Delivery("a", "p0", 5, 5.0, first)])
+    assert check_withdrawn(withdrew, [before, withdrew]) == []
+    gave_up = instance("c2", [WatermarkSeen(100, 3.0), WatermarkWithdrawn(4.0), Delivery("b", "p0", 9, 5.0, later)])
+    assert [v.check for v in check_withdrawn(gave_up, [before, gave_up])] == ["watermark-withdrawn"]
+
+
 def test_a_message_at_or_before_the_held_watermarks_position_is_stale() -> None:
     log = instance("c1", [
         WatermarkSeen(100, 1.0, ((-1, 5, 10),)), Delivery("a", "p0", 500, 2.0, (-1, 5, 11)),
