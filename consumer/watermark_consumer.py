@@ -442,33 +442,31 @@ class WatermarkConsumer:
         position it moved back to before the watermark recomputed there has arrived (then sent)."""
         try:
             key = message._wm_at  # a message `receive` returned: its message id, the lanes' key
-        except AttributeError:  # a message id, or a message of another consumer
-            self._acknowledge_other(message)
-            return
-        lane = self._only_lane or message._wm_lane
-        if lane is not None:  # the lane's protocol (consumer/trust.py `Lane`): append, then look
+            lane = self._only_lane or message._wm_lane
+        except AttributeError:  # a message id, or a message this consumer did not return: by its position
+            partition, position = self._position(message)
+            key, lane = _message_id_at(position), self._lanes.get(partition)  # a key of the lanes' kind
+            if lane is None:
+                self._feed.report(Acknowledged(partition, position, functools.partial(self._send_acknowledgement,
+                                                                                      message)))  # fmt: skip
+                return
+        if lane is None:  # received from a partition the engine did not follow yet
+            partition = self._partition_of(key)
+        else:  # the lane's protocol (consumer/trust.py `Lane`): append, then look
             acked = lane.acked
             acked.append(key)
             if lane.acknowledging and lane.acked is acked:
-                try:  # `_send_acknowledgement`, inline
-                    self._raw_acknowledge(message._message)
-                except pulsar.AlreadyClosed:  # a seek is replacing the consumer (`_renew`)
-                    self._on_consumer(lambda c: c.acknowledge(message))
+                if type(message) is _Message:  # `_send_acknowledgement`, inline
+                    try:
+                        self._raw_acknowledge(message._message)
+                        return
+                    except pulsar.AlreadyClosed:  # a seek is replacing the consumer (`_renew`)
+                        pass
+                self._on_consumer(lambda c: c.acknowledge(message))
                 return
+            partition = lane.partition
         send = functools.partial(self._send_acknowledgement, message)
-        self._feed.report(Acknowledged(self._partition_of(key), position_of(key), send))
-
-    def _acknowledge_other(self, message: Any) -> None:
-        """`acknowledge` of a message id (or a message this consumer did not return): by its position."""
-        partition, position = self._position(message)
-        lane = self._lanes.get(partition)
-        if lane is not None:
-            acked = lane.acked
-            acked.append(_message_id_at(position))  # a key of the lanes' kind
-            if lane.acknowledging and lane.acked is acked:
-                self._send_acknowledgement(message)
-                return
-        self._feed.report(Acknowledged(partition, position, functools.partial(self._send_acknowledgement, message)))
+        self._feed.report(Acknowledged(partition, position_of(key), send))
 
     def _send_acknowledgement(self, message: Any) -> None:
         if type(message) is _Message:  # the binding's own call

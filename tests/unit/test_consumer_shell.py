@@ -166,6 +166,22 @@ def test_receive_hides_markers_and_acknowledges_them_and_the_hot_path_acknowledg
         consumer.receive(50)
 
 
+def test_an_acknowledgement_by_message_id_counts_as_the_messages(
+    client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
+) -> None:
+    """Issue 48: by message id, an acknowledgement goes through the lane as a key of the lanes' kind (the binding's
+    message id, whose comparisons take no other type); an event computed after the message is then taken."""
+    client.publish_table(0, 1000)
+    consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, admin_url=UNREACHABLE_ADMIN)
+    closing.append(consumer)
+    client.send(data(3, 1500), data(5, 2500))
+    first, _second = consumer.receive(1000), consumer.receive(1000)
+    consumer.acknowledge(first.message_id())
+    client.publish_table(4, 2000)  # computed at 4: after 3 (acknowledged), before 5 (outstanding)
+    assert eventually(lambda: consumer.get_last_watermark() == Watermark(2000))
+    assert [raw_id.entry_id() for raw_id in client.binding.acknowledged] == [3]
+
+
 def test_batch_receive_takes_the_markers_out(
     client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
 ) -> None:
