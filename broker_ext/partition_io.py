@@ -34,10 +34,12 @@ from broker_ext.engine.vocabulary import (
     IncarnationClaimed,
     IncarnationRead,
     MarkerFolded,
+    MarkerMalformed,
     OwnershipLost,
     PollCursors,
     PublishTable,
     RangeRead,
+    RawMarker,
     ReadIncarnation,
     ReadLag,
     ReadMarkerAt,
@@ -68,7 +70,6 @@ from watermark_core.protocol import (
     MalformedMarker,
     MarkerKind,
     Position,
-    decode_marker,
     entry_end,
     position_of,
 )
@@ -272,8 +273,6 @@ class PartitionIO:
             self._stop_reading_ahead()
             if self.consumer is not None:
                 self.consumer.pause_message_listener()
-        for bad in report.malformed:
-            self._malformed(bad.error, bad.producer, bad.position)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: the plugin found %d markers and stretches up to %s", self.topic, len(report.entries),
                       report.scanned_to)  # fmt: skip
@@ -285,8 +284,7 @@ class PartitionIO:
         for entry in entries:
             if entry.position > self._last_position:
                 self._last_position, self._last_message = entry.position, None
-            marker = entry.marker
-            self.handle(entry, marker_read=marker is not None and marker.kind is not MarkerKind.W_SNAPSHOT)
+            self.handle(entry, marker_read=entry.raw is not None and entry.raw.kind != MarkerKind.W_SNAPSHOT.value)
 
     def _watch_intake(self, lag: int) -> None:
         """The plugin hands entries over within milliseconds of their write: a head behind for long means its
@@ -328,18 +326,11 @@ class PartitionIO:
             self._stop_reading_ahead()
         if not ahead and position > self._last_position:  # a snapshot's anchor is acknowledged on our consumer
             self._last_position, self._last_message = position, message
-        properties = message.properties()
-        if MARKER_PROPERTY in properties:
-            try:
-                marker = decode_marker(
-                    properties, message.data(), message.producer_name(), position, message.publish_timestamp()
-                )
-            except MalformedMarker as exc:
-                self._malformed(exc, message.producer_name(), position)
-                marker = None
-            if marker is not None:
-                self.handle(EntryRead(position, marker), marker_read=marker.kind is not MarkerKind.W_SNAPSHOT)
-                return
+        kind = message.properties().get(MARKER_PROPERTY)
+        if kind is not None:
+            raw = RawMarker(kind, message.data(), message.producer_name(), position, message.publish_timestamp())
+            self.handle(EntryRead(position, raw=raw), marker_read=kind != MarkerKind.W_SNAPSHOT.value)
+            return
         self.handle(EntryRead(position, None, message.producer_name(), message.event_timestamp()))
 
     def handle(self, event: Event, *, marker_read: bool = False, polled: bool = False) -> None:
@@ -409,6 +400,8 @@ class PartitionIO:
             self.close()  # discovery follows the topic anew, with a consumer and an engine of their own
         elif isinstance(command, BrokenAssertion):
             self.ctx.metrics.broken_assertions.labels(*self._labels, command.producer).inc()
+        elif isinstance(command, MarkerMalformed):
+            self._malformed(command.error, command.producer, command.position)
         elif isinstance(command, UnusableSnapshot):
             self.ctx.metrics.malformed_markers.labels(*self._labels, command.reason).inc()
         elif isinstance(command, SubscriptionRemoved):

@@ -12,10 +12,10 @@ import time
 import pulsar
 
 from broker_ext.engine.recovery import BEFORE_EVERYTHING
-from broker_ext.engine.vocabulary import MarkerFetched, RangeRead, ReadMarkerAt, ReadRange
+from broker_ext.engine.vocabulary import MarkerFetched, RangeRead, RawMarker, ReadMarkerAt, ReadRange
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.readers import NotAnswered, has_message_available
-from watermark_core.protocol import MARKER_PROPERTY, MalformedMarker, Marker, Position, decode_marker, position_of
+from watermark_core.protocol import MARKER_PROPERTY, Position, position_of
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +28,12 @@ def message_position(message: pulsar.Message) -> Position:
     return position_of(msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index())
 
 
-def decode(message: pulsar.Message, position: Position) -> Marker | None:
-    """The marker in a message; None for data. Raises `MalformedMarker`."""
-    properties = message.properties()
-    if MARKER_PROPERTY not in properties:
+def raw_marker(message: pulsar.Message, position: Position) -> RawMarker | None:
+    """The marker in a message as Pulsar holds it (the engine decodes it); None for data."""
+    kind = message.properties().get(MARKER_PROPERTY)
+    if kind is None:
         return None
-    return decode_marker(properties, message.data(), message.producer_name(), position, message.publish_timestamp())
+    return RawMarker(kind, message.data(), message.producer_name(), position, message.publish_timestamp())
 
 
 def _open(client: pulsar.Client, topic: str, start: Position, inclusive: bool, queue: int = 1000) -> pulsar.Reader:
@@ -60,7 +60,7 @@ def read_range(client: pulsar.Client, admin: PulsarAdmin, topic: str, command: R
         return RangeRead(command.request, None, (), frozenset(), error=f"{type(exc).__name__}: {exc}")
     deadline = time.monotonic() + FOLD_READ_LIMIT_S
     first: Position | None = None
-    markers: list[Marker] = []
+    markers: list[RawMarker] = []
     entries = 0
     try:
         while True:
@@ -83,16 +83,13 @@ def read_range(client: pulsar.Client, admin: PulsarAdmin, topic: str, command: R
                 continue
             if position > stop:
                 break
-            try:
-                marker = decode(message, position)
-            except MalformedMarker:
-                marker = None  # counted when the head read it
+            marker = raw_marker(message, position)
             if marker is not None:
                 markers.append(marker)
         ledgers: frozenset[int] = frozenset()
         if first is not None and start != BEFORE_EVERYTHING and first[0] != start[0]:
             ledgers = frozenset(int(info["ledgerId"]) for info in admin.internal_stats(topic).get("ledgers", []))
-        return RangeRead(command.request, first, tuple(markers), ledgers, entries=entries)
+        return RangeRead(command.request, first, (), ledgers, entries=entries, raw=tuple(markers))
     except Exception as exc:  # a broker away, an admin call failing: the engine retries later
         return RangeRead(command.request, None, (), frozenset(), error=f"{type(exc).__name__}: {exc}")
     finally:
@@ -111,10 +108,7 @@ def read_marker_at(client: pulsar.Client, topic: str, command: ReadMarkerAt) -> 
         message = reader.read_next(timeout_millis=10_000)
         if message_position(message) != position:
             return MarkerFetched(command.request, position, None)
-        try:
-            return MarkerFetched(command.request, position, decode(message, position))
-        except MalformedMarker:
-            return MarkerFetched(command.request, position, None)
+        return MarkerFetched(command.request, position, None, raw=raw_marker(message, position))
     except pulsar.Timeout:
         try:
             if not has_message_available(reader):  # the broker says nothing is there: deleted

@@ -53,10 +53,12 @@ from broker_ext.engine.vocabulary import (
     IncarnationRead,
     MarkerFetched,
     MarkerFolded,
+    MarkerMalformed,
     OwnershipLost,
     PollCursors,
     PublishTable,
     RangeRead,
+    RawMarker,
     ReadIncarnation,
     ReadLag,
     ReadMarkerAt,
@@ -73,12 +75,14 @@ from broker_ext.engine.vocabulary import (
 from pulsar_access.topics import base_topic_and_partition
 from watermark_core.protocol import (
     INCARNATION_PROPERTY,
+    MARKER_PROPERTY,
     SNAPSHOT_PRODUCER_PREFIX,
     MalformedMarker,
     Marker,
     MarkerKind,
     Position,
     WatermarkEvent,
+    decode_marker,
     entry_end,
 )
 from watermark_core.snapshot import Snapshot, decode_snapshot, is_generator_snapshot
@@ -89,6 +93,41 @@ log = logging.getLogger(__name__)
 MAX_UNTOLD = 1_000
 _claim_refusals: list[str] = []
 """The first refusal to set the incarnation property (logged once, not once per partition)."""
+
+
+# -- markers as the shells hand them ----------------------------------------------------------------
+
+
+def decode_raw(raw: RawMarker) -> Marker:
+    """The one place markers are decoded; raises `MalformedMarker`."""
+    marker = decode_marker({MARKER_PROPERTY: raw.kind}, raw.payload, raw.producer, raw.position, raw.publish_time)
+    if marker is None:  # not reached: the property is there
+        raise MalformedMarker("bad-kind", "no marker kind")
+    return marker
+
+
+def _quietly(raw: RawMarker) -> Marker | None:
+    try:
+        return decode_raw(raw)
+    except MalformedMarker:
+        return None  # counted when the head read it
+
+
+def _decoded(event: Event, out: list[Command]) -> Event:
+    """`event` with the raw markers a shell handed decoded; a malformed one the head read is told to the shell."""
+    if isinstance(event, EntryRead) and event.raw is not None:
+        raw = event.raw
+        try:
+            return replace(event, marker=decode_raw(raw), raw=None)
+        except MalformedMarker as exc:
+            out.append(MarkerMalformed(exc, raw.producer, raw.position))
+            return replace(event, marker=None, producer=raw.producer, raw=None)  # followed as its producer's data
+    if isinstance(event, RangeRead) and event.raw:
+        decoded = tuple(m for m in map(_quietly, event.raw) if m is not None)
+        return replace(event, markers=event.markers + decoded, raw=())
+    if isinstance(event, MarkerFetched) and event.raw is not None:
+        return replace(event, marker=_quietly(event.raw), raw=None)
+    return event
 
 
 # -- phases -----------------------------------------------------------------------------------------
@@ -262,6 +301,7 @@ class PartitionEngine:
     def handle(self, event: Event, now: float) -> list[Command]:
         """Take in one event at time `now` (seconds, wall clock: table `seq`s derive from it)."""
         out: list[Command] = []
+        event = _decoded(event, out)
         if isinstance(event, EntryRead):
             self._entry(event, now, out)
         elif isinstance(event, CursorsPolled):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from watermark_core.incarnation import new_token
-from watermark_core.protocol import Marker, Position, WatermarkEvent
+from watermark_core.protocol import MalformedMarker, Marker, Position, WatermarkEvent
 from watermark_core.snapshot import SnapshotKeys
 from watermark_core.state import WatermarkConfig, WatermarkState
 
@@ -27,10 +27,23 @@ AdminPosition = tuple[int, int]
 
 
 @dataclass(frozen=True, slots=True)
+class RawMarker:
+    """A marker as Pulsar holds it: the kind its `wm.marker` property names, its payload, who sent it, where,
+    and when the broker stamped it. The shells hand markers so; the engine decodes them, the one place."""
+
+    kind: str
+    payload: bytes
+    producer: str
+    position: Position
+    publish_time: int
+
+
+@dataclass(frozen=True, slots=True)
 class EntryRead:
     """The generator's consumer delivered the entry at `position`: a marker, or data of `producer`.
 
-    A malformed marker is passed as data (the shell counts and logs it). `event_time` is the data
+    A shell hands a marker `raw`; the engine decodes it into `marker` (a malformed one is followed as data
+    of its producer, and `MarkerMalformed` tells the shell to count and log it). `event_time` is the data
     message's event timestamp, 0 when it has none.
 
     From the broker plugin's intake, data comes summed: `stretch` holds, per producer, how many data messages
@@ -44,6 +57,7 @@ class EntryRead:
     event_time: int = 0
     stretch: tuple[tuple[str, int, int], ...] = ()
     """(producer, messages, lowest event time) of summed data; empty for one message (`producer`, `event_time`)."""
+    raw: RawMarker | None = None
 
     @property
     def messages(self) -> int:
@@ -100,6 +114,8 @@ class MarkerFetched:
     position: Position
     marker: Marker | None
     error: str | None = None
+    raw: RawMarker | None = None
+    """As the shell read it (decoded into `marker` by the engine; a malformed one is none)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +134,8 @@ class RangeRead:
     ledgers: frozenset[int]
     error: str | None = None
     entries: int = 0
+    raw: tuple[RawMarker, ...] = ()
+    """As the shell read them (decoded into `markers` by the engine; malformed ones were counted at the head)."""
 
 
 @dataclass(frozen=True)
@@ -259,6 +277,15 @@ class BrokenAssertion:
 
 
 @dataclass(frozen=True)
+class MarkerMalformed:
+    """A marker the head read does not decode: followed as data; the shell counts and logs it."""
+
+    error: MalformedMarker
+    producer: str
+    position: Position
+
+
+@dataclass(frozen=True)
 class UnusableSnapshot:
     """A generator's W_SNAPSHOT that does not decode (e.g. an incompatible version): skipped."""
 
@@ -291,7 +318,7 @@ class RebuildRefused:
 Command = (
     WriteSnapshot | AcknowledgeUpTo | PublishTable | ReadRange | ReadMarkerAt | PollCursors | HeadWatermark
     | ReadIncarnation | ClaimIncarnation | Restart | MarkerFolded | BrokenAssertion | UnusableSnapshot | ReadLag
-    | SubscriptionRemoved | RebuildRefused
+    | SubscriptionRemoved | RebuildRefused | MarkerMalformed
 )  # fmt: skip
 
 

@@ -2,7 +2,7 @@
 
 The plugin reads each followed topic behind the writer and reports, in log order, the markers it found and the
 data between them summed per producer (its `TopicIntake`); this turns one topic's report into `EntryRead`s, the
-events a consumer's delivery would have given, with the same decoder (`decode_marker`). Pure: no I/O. The form
+events a consumer's delivery would have given (markers raw: the engine decodes them). Pure: no I/O. The form
 (docs/PROTOCOL.md section 10, "The intake"):
 
     {"found": [{"data": [ledger, entry, last batch index], "producers": {name: [messages, lowest or null]}},
@@ -18,17 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from broker_ext.engine.vocabulary import EntryRead
-from watermark_core.protocol import MARKER_PROPERTY, MalformedMarker, Position, decode_marker, position_of
-
-
-@dataclass(frozen=True)
-class Malformed:
-    """A marker the plugin found that does not decode: counted and logged by the shell, followed as data."""
-
-    error: MalformedMarker
-    producer: str
-    position: Position
+from broker_ext.engine.vocabulary import EntryRead, RawMarker
+from watermark_core.protocol import position_of
 
 
 @dataclass(frozen=True)
@@ -36,7 +27,6 @@ class IntakeReport:
     """One topic's findings since the generator's last answer."""
 
     entries: tuple[EntryRead, ...]
-    malformed: tuple[Malformed, ...]
     scanned_to: tuple[int, int]
     """Every entry up to here was read (with or without something found)."""
     overflowed: bool
@@ -46,23 +36,14 @@ class IntakeReport:
 def intake_report(report: Mapping[str, Any]) -> IntakeReport:
     """The `intake` of one topic in the plugin's answer as events; `ValueError` for an answer of another shape."""
     entries: list[EntryRead] = []
-    malformed: list[Malformed] = []
     try:
         for found in report.get("found") or ():
             if "marker" in found:
                 ledger, entry, batch = found["at"]
                 position = position_of(ledger, entry, batch)
-                producer = str(found["producer"])
-                try:
-                    marker = decode_marker(
-                        {MARKER_PROPERTY: found["marker"]}, base64.b64decode(found["payload"]), producer, position,
-                        int(found["publishTime"]),
-                    )  # fmt: skip
-                except MalformedMarker as exc:
-                    malformed.append(Malformed(exc, producer, position))
-                    entries.append(EntryRead(position, None, producer, 0))
-                    continue
-                entries.append(EntryRead(position, marker))
+                raw = RawMarker(str(found["marker"]), base64.b64decode(found["payload"]), str(found["producer"]),
+                                position, int(found["publishTime"]))  # fmt: skip
+                entries.append(EntryRead(position, raw=raw))
             else:
                 ledger, entry, batch = found["data"]
                 stretch = tuple(
@@ -71,7 +52,6 @@ def intake_report(report: Mapping[str, Any]) -> IntakeReport:
                 )  # fmt: skip
                 entries.append(EntryRead(position_of(ledger, entry, batch), stretch=stretch))
         scanned = report.get("scannedTo") or (-1, -1)
-        return IntakeReport(tuple(entries), tuple(malformed), (int(scanned[0]), int(scanned[1])),
-                            bool(report.get("overflowed")))  # fmt: skip
+        return IntakeReport(tuple(entries), (int(scanned[0]), int(scanned[1])), bool(report.get("overflowed")))
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"the plugin's intake report is not of this generator's version ({exc!r})") from exc

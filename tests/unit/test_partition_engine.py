@@ -20,9 +20,11 @@ from broker_ext.engine.vocabulary import (
     HeadWatermark,
     IncarnationRead,
     MarkerFolded,
+    MarkerMalformed,
     PollCursors,
     PublishTable,
     RangeRead,
+    RawMarker,
     ReadIncarnation,
     ReadMarkerAt,
     ReadRange,
@@ -234,6 +236,21 @@ def test_a_take_over_after_deleted_ledgers_folds_from_the_ledger_start_snapshot_
     assert world.truth(cursor).watermark == 1_000
     assert new.head is not None and new.head.watermark == 1_000
     assert all(h.watermark != 5_000 for h in world.head_watermarks if h.position > cursor)
+
+
+def test_markers_come_raw_from_the_shells_and_the_engine_decodes_them_a_malformed_one_followed_as_data() -> None:
+    """Issue 47: one decoder, in the engine; the shell only counts and logs what `MarkerMalformed` names."""
+    world = World()
+    world.w_set("p", 500)
+    engine = first_owner(world)
+    ledger, last = world.last_confirmed()
+    at, after = (ledger, last + 1, -1), (ledger, last + 2, -1)
+    commands = engine.handle(EntryRead(at, raw=RawMarker("W_SET", encode_set(1_000), "p", at, 5)), world.now)
+    assert MarkerFolded(at) in commands and engine.head is not None and engine.head.watermark == 1_000
+    commands = engine.handle(EntryRead(after, raw=RawMarker("W_SET", b"\xc1", "p", after, 6)), world.now)
+    (malformed,) = [c for c in commands if isinstance(c, MarkerMalformed)]
+    assert malformed.producer == "p" and malformed.position == after
+    assert engine.head_position == after and engine.head.watermark == 1_000  # passed as data
 
 
 def test_a_periodic_snapshot_moves_the_cursor_only_once_it_is_written() -> None:

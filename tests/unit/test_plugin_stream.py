@@ -7,7 +7,8 @@ import base64
 import orjson
 import pytest
 
-from broker_ext.engine.vocabulary import EntryRead
+from broker_ext.engine.partition import decode_raw
+from broker_ext.engine.vocabulary import EntryRead, RawMarker
 from broker_ext.intake.plugin_stream import intake_report
 from watermark_core.protocol import MarkerKind, encode_idle, encode_set
 
@@ -32,19 +33,18 @@ def test_markers_and_the_data_between_become_entries_in_log_order() -> None:
     })  # fmt: skip
     first, w_set, data, w_idle = report.entries
     assert first == EntryRead((5, 3, -1), stretch=(("a", 15, 200), ("b", 1, 250)))
-    assert w_set.position == (5, 4, 2) and w_set.marker is not None and w_set.marker.kind is MarkerKind.W_SET
-    assert w_set.marker.event_time == 1_000 and w_set.marker.producer == "p1"
-    assert w_set.marker.publish_time == 1_700_000_000_123
+    assert w_set == EntryRead((5, 4, 2), raw=RawMarker("W_SET", encode_set(1_000), "p1", (5, 4, 2), 1_700_000_000_123))
+    assert w_set.raw is not None and decode_raw(w_set.raw).event_time == 1_000  # as the engine decodes it
     assert data == EntryRead((5, 4, 4), stretch=(("p1", 2, 0),))  # no event time: 0, as a consumer reads it
-    assert w_idle.marker is not None and w_idle.marker.kind is MarkerKind.W_IDLE
-    assert report.scanned_to == (5, 7) and not report.overflowed and not report.malformed
+    assert w_idle.raw is not None and decode_raw(w_idle.raw).kind is MarkerKind.W_IDLE
+    assert report.scanned_to == (5, 7) and not report.overflowed
 
 
-def test_a_marker_that_does_not_decode_is_followed_as_data_and_reported() -> None:
+def test_a_marker_that_does_not_decode_is_handed_as_it_came() -> None:
+    """The engine decodes it (and follows it as data, telling the shell to count it): the shell only reads the form."""
     report = intake_report({"found": [_marker("W_SET", b"\xc1not msgpack", [5, 1, -1])], "scannedTo": [5, 1]})
-    assert report.entries == (EntryRead((5, 1, -1), None, "p1", 0),)
-    (bad,) = report.malformed
-    assert bad.position == (5, 1, -1) and bad.producer == "p1"
+    (entry,) = report.entries
+    assert entry.raw is not None and entry.raw.payload == b"\xc1not msgpack" and entry.marker is None
 
 
 def test_an_answer_of_another_shape_names_the_version() -> None:
@@ -61,6 +61,6 @@ def test_the_plugins_own_rendering_reads_back() -> None:
     )
     report = intake_report(orjson.loads(rendered))
     assert report.entries[0] == EntryRead((5, 3, -1), stretch=(("a", 15, 200), ("b", 1, 0)))
-    assert report.entries[1].position == (5, 4, 2) and report.entries[1].producer == 'p"1'
-    assert report.malformed  # the payload there is two bytes of no marker: followed as data
+    raw = report.entries[1].raw
+    assert raw is not None and raw.position == (5, 4, 2) and raw.producer == 'p"1' and raw.payload == b"\x81\xa1"
     assert report.scanned_to == (5, 6)

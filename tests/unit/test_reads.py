@@ -6,6 +6,7 @@ from typing import Any
 
 import pulsar
 
+from broker_ext.engine.partition import decode_raw
 from broker_ext.engine.vocabulary import ReadRange
 from broker_ext.reads import read_range
 from tests.unit.fake_pulsar import FakeRaw, FakeReader, marker
@@ -50,7 +51,7 @@ def test_a_read_ends_where_the_broker_says_the_partition_ends() -> None:
     reader = reader_with_markers(0, 1, 2)
     read = read_range(OneReaderClient(reader), None, "t", ReadRange(1, (7, -1, -1), (7, 13, -1)))  # type: ignore[arg-type]
     assert read.error is None
-    assert [m.event_time for m in read.markers] == [1000, 1001, 1002]
+    assert [decode_raw(m).event_time for m in read.raw] == [1000, 1001, 1002]  # handed raw: the engine decodes
     assert read.first is not None and read.first[:2] == (7, 0)
 
 
