@@ -282,12 +282,7 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
         }
         Map<String, String> outcomes = new LinkedHashMap<>();
         wanted.forEach((topic, position) -> outcomes.put(topic, acknowledge(topic, position)));
-        byte[] body = Acknowledgements.render(outcomes).getBytes(StandardCharsets.UTF_8);
-        response.setStatus(HttpServletResponse.SC_OK);
-        response.setContentType("application/json");
-        response.setContentLength(body.length);
-        response.getOutputStream().write(body);
-        response.flushBuffer();
+        writeJson(response, Acknowledgements.render(outcomes));
     }
 
     private String acknowledge(String topic, TopicCursors.Position position) {
@@ -360,7 +355,11 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
     }
 
     private static void write(HttpServletResponse response, Changes changes) throws IOException {
-        byte[] body = ChangesJson.render(changes).getBytes(StandardCharsets.UTF_8);
+        writeJson(response, ChangesJson.render(changes));
+    }
+
+    private static void writeJson(HttpServletResponse response, String json) throws IOException {
+        byte[] body = json.getBytes(StandardCharsets.UTF_8);
         response.setStatus(HttpServletResponse.SC_OK);
         response.setContentType("application/json");
         response.setContentLength(body.length);
