@@ -46,6 +46,10 @@ class GeneratorConfig:
     broker, and the consumer only holds the partition (it receives nothing while a plugin reports the topic; where
     none does, it receives every message); "consumer", the generator's consumer receives every message. "plugin"
     needs `cursor_source` "auto"."""
+    ownership: str = "failover"
+    """How instances share the topics: "claim", the holder of a topic's companion producer in Pulsar's
+    `WaitForExclusive` mode owns it (broker_ext/claims.py; no consumer per partition where a plugin hands the
+    markers over); "failover", the active consumer of each partition's Failover subscription `__wm_generator`."""
     discovery_interval_s: float = 2.0
     metrics_port: int = 9108
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
@@ -149,6 +153,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default auto; docs/OPERATIONS.md)",
     )  # fmt: skip
     parser.add_argument(
+        "--ownership", choices=("auto", "claim", "failover"), default=_env("WM_OWNERSHIP", "auto"),
+        help="how generator instances share the topics: 'claim', the one holding a topic's companion producer (in "
+        "Pulsar's WaitForExclusive mode) owns it, with no consumer per partition where the broker plugin hands the "
+        "markers over; 'failover', the active consumer of each partition's Failover subscription __wm_generator; "
+        "'auto' is 'failover' for now. Every instance of a deployment must use the same (env WM_OWNERSHIP; "
+        "docs/OPERATIONS.md)",
+    )  # fmt: skip
+    parser.add_argument(
         "--metrics-port", type=int, default=int(_env("WM_METRICS_PORT", str(d.metrics_port))),
         help="Prometheus metrics on this port, 0 to disable (env WM_METRICS_PORT; default 9108)",
     )  # fmt: skip
@@ -237,6 +249,7 @@ def from_arguments(args: argparse.Namespace) -> GeneratorConfig:
         stats_rate=args.stats_rate,
         cursor_source=args.cursor_source,
         intake=args.intake,
+        ownership="failover" if args.ownership == "auto" else args.ownership,
         metrics_port=args.metrics_port,
         instance_id=args.instance_id,
         watermark_namespace=watermark_namespace(args.watermark_namespace),

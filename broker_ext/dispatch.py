@@ -130,6 +130,7 @@ class Companion:
     """One companion topic: its producer once created, what waits for it, compaction bookkeeping."""
 
     topic: str
+    base_topic: str
     producer: pulsar.Producer | None = None
     creating: bool = False
     waiting: list[PublishTable | HeadWatermark] = field(default_factory=list)
@@ -140,12 +141,20 @@ class Companion:
 
 
 class WatermarkDispatcher:
-    """One producer per companion topic, shared by every partition of that topic."""
+    """One producer per companion topic, shared by every partition of that topic.
+
+    By claim (`--ownership claim`, broker_ext/claims.py) the producer is the claim's, handed over with
+    `claimed` and taken back with `unclaimed`; a send refused as fenced is told to `fenced`. Otherwise the
+    dispatcher creates a shared one itself.
+    """
 
     def __init__(
         self, client: pulsar.Client, admin: PulsarAdmin, instance_id: str, metrics: GeneratorMetrics,
-        loop: EventLoop, pool: Executor, namespace: str | None = None,
+        loop: EventLoop, pool: Executor, namespace: str | None = None, *, by_claim: bool = False,
+        fenced: Callable[[str], None] = lambda base_topic: None,
     ) -> None:  # fmt: skip
+        self._by_claim = by_claim
+        self._fenced = fenced
         self._client = client
         self._namespace = watermark_namespace(namespace)
         self._namespace_checked = False
@@ -215,13 +224,27 @@ class WatermarkDispatcher:
             name = watermark_topic_for(topic, self._namespace)
             companion = self._companions.get(name)
             if companion is None:
-                companion = self._companions[name] = Companion(name)
+                companion = self._companions[name] = Companion(name, topic.split("-partition-")[0])
             self._of_topic[topic] = companion
         return companion
 
+    def claimed(self, base_topic: str, producer: pulsar.Producer) -> None:
+        """Our claim on the topic is granted: its tables and head events go out on the claim's producer."""
+        companion = self._companion(base_topic)
+        self._ready(companion, producer, None)
+
+    def unclaimed(self, base_topic: str) -> None:
+        """Our claim on the topic is lost: nothing waiting goes out (the new owner publishes its own)."""
+        companion = self._companion(base_topic)
+        companion.producer = None
+        companion.waiting.clear()
+        for partition in list(companion.heads.waiting):
+            self._loop.cancel(_head_timer(companion, partition))
+        companion.heads = HeadPairing()
+
     def _wait_for_producer(self, companion: Companion, item: PublishTable | HeadWatermark) -> None:
         companion.waiting.append(item)
-        if not companion.creating:
+        if not companion.creating and not self._by_claim:
             companion.creating = True
             self._created += 1
             self._pool.submit(self._create, companion, f"__wm_dispatch-{self._instance_id}-{self._created}")
@@ -284,7 +307,9 @@ class WatermarkDispatcher:
                 self._send(companion, item)
 
     def _retry_create(self, companion: Companion) -> None:
-        if companion.producer is None and not companion.creating and self._companions.get(companion.topic) is companion:
+        if self._by_claim or companion.producer is not None or companion.creating:
+            return
+        if self._companions.get(companion.topic) is companion:
             companion.creating = True
             self._created += 1
             self._pool.submit(self._create, companion, f"__wm_dispatch-{self._instance_id}-{self._created}")
@@ -329,6 +354,8 @@ class WatermarkDispatcher:
         if result == pulsar.Result.Ok:
             self._maybe_compact(companion)
             return
+        if self._refused_as_fenced(companion, result):
+            return
         log.debug("publishing a head event on %s failed (%s); sending again", companion.topic, result)
         self._retry_later(lambda: self._resend_head(companion, head))
 
@@ -344,6 +371,8 @@ class WatermarkDispatcher:
 
     def _sent(self, companion: Companion, table: PublishTable, result: object, heads: Sequence[HeadWatermark]) -> None:
         first = table.events[0]
+        if self._refused_as_fenced(companion, result):
+            return
         if result != pulsar.Result.Ok:
             for head in heads:  # the heads that rode on it are sent again on their own, if still the latest
                 self._head_sent(companion, head, result)
@@ -364,6 +393,14 @@ class WatermarkDispatcher:
                     self._metrics.record_watermark(event.topic, event.partition, event.subscription, event.event_time)
         log.debug("%s: published the table of partition %d (seq %d)", first.topic, first.partition, first.seq)
         self._maybe_compact(companion)
+
+    def _refused_as_fenced(self, companion: Companion, result: object) -> bool:
+        """By claim, a send Pulsar refused because another instance holds the producer now: nothing is sent again
+        (the claim is lost; its owner publishes)."""
+        if not self._by_claim or result != pulsar.Result.ProducerFenced:
+            return False
+        self._fenced(companion.base_topic)
+        return True
 
     def _resend(self, companion: Companion, table: PublishTable) -> None:
         if self._companions.get(companion.topic) is not companion:
@@ -408,7 +445,7 @@ class WatermarkDispatcher:
         """The topic is gone: close its companion's producer (on the loop thread)."""
         self._of_topic.pop(topic, None)
         companion = self._companions.pop(watermark_topic_for(topic, self._namespace), None)
-        if companion is not None and companion.producer is not None:
+        if companion is not None and companion.producer is not None and not self._by_claim:  # a claim's: it closes
             self._pool.submit(_close, companion.producer)
 
     def close(self) -> None:
@@ -418,7 +455,8 @@ class WatermarkDispatcher:
                 for heads in companion.heads.waiting.values():  # no table came for them: they go alone
                     for head in heads:
                         self._send_head(companion, head)
-                _close(companion.producer)
+                if not self._by_claim:  # a claim's producer is closed by the claims
+                    _close(companion.producer)
 
 
 def _head_timer(companion: Companion, partition: int) -> tuple[str, str, int]:

@@ -99,6 +99,9 @@ class Context:
     """Blocking Pulsar calls: subscribing, creating producers, a rebuild's reads."""
     poller: CursorSource
     """Where each cursor is: the broker plugin or the admin API (broker_ext/intake/source.py `CursorSource`)."""
+    by_claim: bool = False
+    """Ownership by claim (`--ownership claim`, broker_ext/claims.py): the service tells each partition whether
+    this instance holds its topic's claim; no consumer per partition but where the plugin hands nothing over."""
 
 
 def engine_config(config: GeneratorConfig) -> EngineConfig:
@@ -147,6 +150,10 @@ class PartitionIO:
         self._overflow_logged = False
         self._intake_stalled = False
         """The plugin's reading of this partition stalled once: its consumer receives from then on."""
+        self.claimed = False
+        """By claim: this instance holds the topic's claim, so the partition is ours to follow."""
+        self._subscription_made = False
+        """By claim: `__wm_generator` exists (made by the admin API where no plugin reported the partition yet)."""
         self._lagging_since: float | None = None
         """Since when the engine's head has been behind the partition's last entry (`ReadLag`)."""
         self._labels = labels = (self.base_topic, str(self.partition))
@@ -170,6 +177,29 @@ class PartitionIO:
     def lost(self, owner: str) -> None:
         self._stop_reading_ahead()
         self.handle(OwnershipLost(instance_of(owner)))
+
+    def ours(self, owner: str | None) -> bool:
+        """Whether what a broker's plugin tells of this partition is ours to take: by claim, while we hold the
+        topic's claim; else while the broker's active consumer of `__wm_generator` (`owner`) is ours."""
+        if self.ctx.by_claim:
+            return self.claimed
+        return owner == self.consumer_name or (owner is None and self.owner)
+
+    def claim(self, held: bool) -> None:
+        """By claim: this instance holds the topic's claim now, or lost it (the service tells every partition)."""
+        if held == self.claimed or self.closed:
+            return
+        self.claimed = held
+        if held:
+            if not self.ctx.poller.claimed(self):  # no plugin hands this partition's markers over: our consumer does
+                self._intake = False
+                self.subscribe()
+            return
+        self.lost("")
+        self._intake = self._intake_stalled = False
+        consumer, self.consumer = self.consumer, None
+        if consumer is not None:
+            self.ctx.pool.submit(_close, consumer)
 
     def named_owner(self, polled: CursorsPolled) -> None:
         """The broker's plugin says the broker chose our consumer to deliver to. Pulsar starts delivering to a
@@ -219,11 +249,31 @@ class PartitionIO:
     # -- subscribing ------------------------------------------------------------------------------------
 
     def subscribe(self) -> None:
-        """Subscribe `__wm_generator` (on the pool); delivery then makes this instance the owner."""
+        """Subscribe `__wm_generator` (on the pool); delivery then makes this instance the owner. By claim, only
+        while we hold the claim and no plugin hands the markers over; else make sure the subscription exists, which
+        is what makes a broker's plugin report the partition (and retention keep what no snapshot covers yet)."""
         if self.consumer is not None or self.subscribing or self.closed:
+            return
+        if self.ctx.by_claim and not (self.claimed and not self._intake):
+            if not self._subscription_made and not self.ctx.poller.reports(self):
+                self.subscribing = True
+                self.ctx.pool.submit(self._make_subscription)
             return
         self.subscribing = True
         self.ctx.pool.submit(self._subscribe)
+
+    def _make_subscription(self) -> None:
+        try:
+            self.ctx.admin.create_subscription(self.topic, GENERATOR_SUBSCRIPTION)
+        except AdminError as exc:  # the broker away: the next discovery asks again
+            log.debug("%s: making the subscription %s failed: %s", self.topic, GENERATOR_SUBSCRIPTION, exc)
+            self.ctx.loop.post(lambda: setattr(self, "subscribing", False))
+            return
+        self.ctx.loop.post(self._subscription_exists)
+
+    def _subscription_exists(self) -> None:
+        self.subscribing = False
+        self._subscription_made = True
 
     def _subscribe(self) -> None:
         try:
@@ -249,6 +299,9 @@ class PartitionIO:
         if self.closed:
             self.ctx.pool.submit(_close, consumer)
             return
+        if self.ctx.by_claim and (not self.claimed or self._intake):
+            self.ctx.pool.submit(_close, consumer)  # the claim was lost, or the plugin hands over, meanwhile
+            return
         self.consumer = consumer
         if self._intake:
             consumer.pause_message_listener()
@@ -271,7 +324,10 @@ class PartitionIO:
         if not self._intake:
             self._intake = True
             self._stop_reading_ahead()
-            if self.consumer is not None:
+            if self.consumer is not None and self.ctx.by_claim:  # what it kept meanwhile, the engine has or skips
+                consumer, self.consumer = self.consumer, None
+                self.ctx.pool.submit(_close, consumer)
+            elif self.consumer is not None:
                 self.consumer.pause_message_listener()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: the plugin found %d markers and stretches up to %s", self.topic, len(report.entries),
@@ -302,10 +358,12 @@ class PartitionIO:
             self._receive_through_consumer()
 
     def _receive_through_consumer(self) -> None:
-        if self._intake:
-            self._intake = False
-            if self.consumer is not None:
+        handing, self._intake = self._intake, False
+        if self.consumer is not None:
+            if handing:
                 self.consumer.resume_message_listener()  # what it kept meanwhile is older: the engine skips it
+        elif self.ctx.by_claim:
+            self.subscribe()  # by claim, the consumer is made only now
 
     def _listener(self, _consumer: pulsar.Consumer, message: pulsar.Message) -> None:
         """On the client's listener thread: hand the message to the loop (waits while the loop is far behind)."""

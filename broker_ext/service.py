@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pulsar
 
+from broker_ext.claims import WAIT_S, Claims
 from broker_ext.config import GeneratorConfig, warn_about_snapshot_key
 from broker_ext.dispatch import WatermarkDispatcher
 from broker_ext.intake.admin_polling import CursorPoller
@@ -75,7 +76,17 @@ class GeneratorService:
             self.loop,
             self.pool,
             config.watermark_namespace,
+            by_claim=config.ownership == "claim",
+            fenced=lambda base_topic: self.claims.fenced(base_topic) if self.claims is not None else None,
         )
+        self.claims: Claims | None = None
+        """By claim (`--ownership claim`): which topics this instance owns (broker_ext/claims.py), on a client of its
+        own whose operation timeout is how long a request waits in Pulsar's queue."""
+        if config.ownership == "claim":
+            self.claims = Claims(
+                self.settings.client(operation_timeout_seconds=WAIT_S), self.loop, config.instance_id,
+                config.watermark_namespace, gained=self._claim_gained, lost=self._claim_lost,
+            )  # fmt: skip
         self.poller = CursorPoller(
             self.loop, self.admin, self.admin_pool, poll_interval_s=config.poll_interval_s,
             idle_poll_interval_s=config.idle_poll_interval_s, stats_rate=config.stats_rate,
@@ -92,7 +103,8 @@ class GeneratorService:
             log.info("reading cursor positions through the admin API (--cursor-source admin): one internal-stats "
                      "call per topic and acknowledgement (docs/OPERATIONS.md)")  # fmt: skip
         self.ctx = Context(
-            self.client, self.admin, config, self.dispatcher, self.metrics, self.loop, self.pool, self.cursors
+            self.client, self.admin, config, self.dispatcher, self.metrics, self.loop, self.pool, self.cursors,
+            by_claim=self.claims is not None,
         )
         self.partitions: dict[str, PartitionIO] = {}
         """Every partition followed, by topic name; touched only on the loop's thread."""
@@ -145,6 +157,8 @@ class GeneratorService:
             gone.close()
             if not any(p.base_topic == gone.base_topic for p in self.partitions.values()):
                 self.dispatcher.forget(gone.base_topic)
+                if self.claims is not None:
+                    self.claims.drop(gone.base_topic)
         for partition in self.partitions.values():
             partition.subscribe()  # again, where it failed (a broker away)
 
@@ -156,7 +170,27 @@ class GeneratorService:
             self.partitions[topic] = partition
             self._followed_at[topic] = time.monotonic()
             self.cursors.add(partition)
+            if self.claims is not None:
+                if self.claims.held(partition.base_topic) is not None:
+                    partition.claim(True)
+                else:
+                    self.claims.want(partition.base_topic, hold_off=not self._served_here(partition))
             partition.subscribe()
+
+    def _served_here(self, partition: PartitionIO) -> bool:
+        """Whether this instance's first broker serves the partition (as its plugin reports; one broker: always)."""
+        bases = self.admin.admin_bases
+        return len(bases) == 1 or self.cursors.served_by(partition) == bases[0]
+
+    def _claim_gained(self, base_topic: str, producer: pulsar.Producer) -> None:
+        self.dispatcher.claimed(base_topic, producer)
+        for partition in [p for p in self.partitions.values() if p.base_topic == base_topic]:
+            partition.claim(True)
+
+    def _claim_lost(self, base_topic: str) -> None:
+        self.dispatcher.unclaimed(base_topic)
+        for partition in [p for p in self.partitions.values() if p.base_topic == base_topic]:
+            partition.claim(False)
 
     def head_position(self, topic: str) -> Position | None:
         """How far the engine of `topic` has read (for benchmarks; a racy read from another thread)."""
@@ -263,6 +297,8 @@ class GeneratorService:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.admin_pool.shutdown(wait=False, cancel_futures=True)
         self.dispatcher.close()
+        if self.claims is not None:
+            self.claims.close()
         with contextlib.suppress(pulsar.PulsarException):
             self.client.close()
         self.admin.close()

@@ -345,6 +345,16 @@ class PulsarAdmin:
         else:
             self._call("PUT", name.rest_path)
 
+    def create_subscription(self, topic: str, subscription: str) -> None:
+        """Make a durable subscription at the topic's earliest entry, as `pulsar-admin topics create-subscription
+        -m earliest` does; one that exists already is left where it is."""
+        path = f"{TopicName.parse(topic).rest_path}/subscription/{quote(subscription, safe='')}"
+        try:
+            self._call("PUT", path, json={"ledgerId": -1, "entryId": -1, "partitionIndex": -1})
+        except AdminError as exc:
+            if exc.status != 409:
+                raise
+
     def set_topic_retention(self, topic: str, minutes: int = -1, size_mb: int = -1) -> None:
         """Retention of one existing topic (a topic-level policy; -1: forever, without a size limit)."""
         self._call(

@@ -348,6 +348,15 @@ class CursorPoller:
                         "--ack-watch-interval-s 0", exc)  # fmt: skip
         self._schedule_scrape()
 
+    def reports(self, partition: Followed) -> bool:
+        return False  # no plugin here
+
+    def claimed(self, partition: Followed) -> bool:
+        return False
+
+    def served_by(self, partition: Followed) -> str | None:
+        return None
+
     def acknowledge(self, partition: Followed, position: tuple[int, int]) -> bool:
         return False  # through the admin API, the partition's consumer moves its cursor
 

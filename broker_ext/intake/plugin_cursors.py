@@ -105,11 +105,12 @@ class PluginCursors:
         self._absent: dict[str, float] = {}
         """Broker -> when it answered without the plugin (loop thread)."""
         self._looked_up: dict[str, float] = {}
-        self._missed: set[str] = set()
+        self._missed: dict[str, list[Mapping[str, Any]]] = {}
         """Topics whose intake a plugin told while they were not ours (loop thread): once one is, what the plugin
-        keeps of it is asked for again (a full answer), since what was told meanwhile does not come twice."""
-        self._refetch: set[str] = set()
-        """Brokers whose next poll asks for everything (a full answer): written on the loop, read by its poll."""
+        keeps of it is asked for once more (`_refetch`), since what was told meanwhile does not come twice; what
+        the polls tell of it until that answer comes is kept here, to be handed after it."""
+        self._refetching: set[str] = set()
+        """Brokers asked for everything they keep, the answer not in yet (loop thread)."""
         self._acks: dict[str, dict[str, tuple[int, int]]] = {}
         """Broker -> topic -> where its generator cursor moves, sent at the end of the loop's turn (loop thread)."""
         self._stopping = threading.Event()
@@ -133,7 +134,7 @@ class PluginCursors:
     def remove(self, partition: Followed) -> None:
         self._followed.pop(partition.topic, None)
         self._looked_up.pop(partition.topic, None)
-        self._missed.discard(partition.topic)
+        self._missed.pop(partition.topic, None)
         self.poller.remove(partition)
 
     def owned(self, partition: Followed) -> None:
@@ -146,6 +147,21 @@ class PluginCursors:
     def after(self, partition: Followed, marker_read: bool) -> None:
         if partition.topic not in self._pushed:
             self.poller.after(partition, marker_read)
+
+    def reports(self, partition: Followed) -> bool:
+        return partition.topic in self._pushed
+
+    def served_by(self, partition: Followed) -> str | None:
+        pushed = self._pushed.get(partition.topic)
+        return None if pushed is None else pushed.broker
+
+    def claimed(self, partition: Followed) -> bool:
+        pushed = self._pushed.get(partition.topic)
+        if pushed is None or not self.intake:
+            return False
+        self._missed.setdefault(partition.topic, [])  # what the plugin told before is not ours: ask for all it keeps
+        self._refetch(pushed.broker)
+        return True
 
     def request(self, partition: Followed) -> None:
         if partition.topic not in self._pushed:
@@ -198,7 +214,7 @@ class PluginCursors:
             self._deliver(partition, pushed)
 
     def _deliver(self, partition: Followed, pushed: Pushed) -> None:
-        if pushed.owner is not None and pushed.owner != partition.consumer_name and partition.owner:
+        if pushed.owner is not None and not partition.ours(pushed.owner) and partition.owner:
             partition.lost(pushed.owner)
         else:
             partition.cursors(pushed.cursors)
@@ -224,7 +240,7 @@ class PluginCursors:
             found = report.get("intake")
             if partition is None or partition.closed:
                 if found is not None:
-                    self._missed.add(topic)
+                    self._missed[topic] = []
                 continue
             self.poller.pushed(partition, True)
             if found is not None:
@@ -236,19 +252,60 @@ class PluginCursors:
 
     def _hand_intake(self, broker: str, partition: Followed, owner: str | None, found: Mapping[str, Any]) -> None:
         """What the plugin found, to the partition if it is ours (before the cursors: its first entry makes the
-        engine the owner); each item is told once, so a partition that missed some gets all kept at the next poll,
-        and nothing before it."""
-        if owner != partition.consumer_name and not (owner is None and partition.owner):
-            self._missed.add(partition.topic)
+        engine the owner); each item is told once, so a partition that missed some gets all kept (`_refetch`)
+        before anything else: handed first, this answer's `scannedTo` would pass the missed entries over as read."""
+        if not partition.ours(owner):
+            self._missed[partition.topic] = []
             return
-        if partition.topic in self._missed:  # this answer lacks what was told before: the next one has all kept
-            self._missed.discard(partition.topic)
-            self._refetch.add(broker)
-            return  # handed, its `scannedTo` would pass the missed entries over as read
+        kept = self._missed.get(partition.topic)
+        if kept is not None:
+            kept.append(found)
+            self._refetch(broker)
+            return
+        self._hand(partition, found)
+
+    def _hand(self, partition: Followed, found: Mapping[str, Any]) -> None:
         try:
             partition.intake(intake_report(found))
         except ValueError as exc:
             log.warning("%s: %s", partition.topic, exc)
+
+    def _refetch(self, broker: str) -> None:
+        """Ask the broker's plugin for everything it keeps (a full answer, beside the long poll), for the topics
+        that missed what it told; asked again while it fails."""
+        if broker in self._refetching or self._stopping.is_set():
+            return
+        self._refetching.add(broker)
+
+        def work() -> None:
+            try:
+                answer = self.admin.plugin_changes(broker, "", -1, 0, self.namespaces, intake=True)
+            except AdminError as exc:
+                log.debug("asking %s for everything its plugin keeps failed: %s", broker, exc)
+                answer = None
+            self.loop.post(lambda: self._refetched(broker, answer))
+
+        self.pool.submit(work)
+
+    def _refetched(self, broker: str, answer: Mapping[str, Any] | None) -> None:
+        self._refetching.discard(broker)
+        if answer is None:
+            if any(self._pushed.get(t) is not None and self._pushed[t].broker == broker for t in self._missed):
+                again = time.time() + RETRY_MAX_S / 5
+                self.loop.call_at(again, ("plugin-refetch", broker), lambda: self._refetch(broker))
+            return
+        reported = answer.get("topics") or {}
+        for topic in [t for t, p in self._pushed.items() if p.broker == broker and t in self._missed]:
+            partition = self._followed.get(topic)
+            report = reported.get(topic)
+            found = None if report is None else report.get("intake")
+            if partition is None or partition.closed or report is None or found is None:
+                continue
+            if not partition.ours(report.get("owner")):
+                continue  # not ours (any more), or not told here: a later poll tells it
+            kept = self._missed.pop(topic)
+            for told in (found, *kept):  # everything kept, then what the polls told meanwhile (the engine skips
+                self._hand(partition, told)  # what it has)
 
     def _forget(self, broker: str, topics: list[str]) -> None:
         """The broker no longer serves these topics (moved, unloaded, deleted, or it went away): admin reads
@@ -319,11 +376,9 @@ class PluginCursors:
         epoch, seq = "", -1
         retry_s, failing_since = 0.0, None
         while not self._stopping.is_set():
-            known = "" if broker in self._refetch else epoch  # another run's epoch: everything the plugin keeps
-            self._refetch.discard(broker)
             try:
                 answer = self.admin.plugin_changes(
-                    broker, known, seq, 0 if seq < 0 or not known else LONG_POLL_MS, self.namespaces,
+                    broker, epoch, seq, 0 if seq < 0 or not epoch else LONG_POLL_MS, self.namespaces,
                     intake=self.intake,
                 )
             except PluginMissing as exc:

@@ -27,6 +27,8 @@ class Followed(Protocol):
 
     def lost(self, owner: str) -> None: ...
 
+    def ours(self, owner: str | None) -> bool: ...
+
     def named_owner(self, polled: CursorsPolled) -> None: ...
 
     def intake(self, report: IntakeReport | None) -> None:
@@ -59,4 +61,17 @@ class CursorSource(Protocol):
 
     def acknowledge(self, partition: Followed, position: tuple[int, int]) -> bool:
         """Move the partition's generator cursor to `position` without its consumer; False: the consumer must."""
+        ...
+
+    def reports(self, partition: Followed) -> bool:
+        """Whether a broker's plugin reports the partition now (its `__wm_generator` subscription exists)."""
+        ...
+
+    def served_by(self, partition: Followed) -> str | None:
+        """The broker whose plugin reports the partition, None where none does."""
+        ...
+
+    def claimed(self, partition: Followed) -> bool:
+        """By claim, the partition became ours: True where a plugin hands its markers over (everything it keeps
+        comes next), False where our consumer must receive them."""
         ...

@@ -39,6 +39,11 @@ class _Partition(SimpleNamespace):
     def named_owner(self, polled: CursorsPolled) -> None:
         self.named.append(polled)
 
+    def ours(self, owner: str | None) -> bool:  # as `PartitionIO.ours`, by Failover, or by claim where set
+        if getattr(self, "claimed", None) is not None:
+            return bool(self.claimed)
+        return owner == self.consumer_name or (owner is None and bool(self.owner))
+
 
 def _partition(topic: str = T0) -> Any:
     return _Partition(topic=topic, base_topic=topic, partition=-1, consumer_name="c", closed=False,
@@ -245,9 +250,26 @@ def test_with_the_intake_what_a_plugin_found_goes_to_the_partition_it_chose_and_
     assert handed[T0][-1] is None  # no plugin reports it now: its consumer receives again
 
 
+def _refetching(cursors: PluginCursors) -> list[Any]:
+    """The one-time asks for everything a plugin keeps, answered by `answer(topics)`."""
+    asked: list[Any] = []
+    cursors.pool = cast(Any, SimpleNamespace(submit=asked.append))
+    return asked
+
+
+def _answer_refetch(cursors: PluginCursors, asked: list[Any], topics: dict[str, Any]) -> None:
+    cursors.admin = cast(Any, SimpleNamespace(plugin_changes=lambda *a, **k: {"epoch": "x", "seq": 9, "full": True,
+                                                                             "topics": topics}))  # fmt: skip
+    for work in asked:
+        work()
+    asked.clear()
+    _run_posted(cursors)
+
+
 def test_a_partition_that_missed_what_the_plugin_told_while_it_was_not_ours_asks_for_all_it_keeps() -> None:
     cursors, partition = _cursors(), _partition()
     cursors.intake = True
+    asked = _refetching(cursors)
     handed: list[Any] = []
     partition.intake = handed.append
     partition.owner = False
@@ -255,17 +277,44 @@ def test_a_partition_that_missed_what_the_plugin_told_while_it_was_not_ours_asks
     found = {"found": [{"data": [5, 3, -1], "producers": {"a": [2, 7]}}], "scannedTo": [5, 3], "overflowed": False}
     topics = {T0: {**_report(3, owner="d"), "intake": found}}
     cursors._answered(B1, {"epoch": "e", "seq": 1, "full": False, "topics": topics, "gone": []})
-    assert handed == [] and B1 not in cursors._refetch  # another generator's
+    assert handed == [] and asked == []  # another generator's
     later = {"found": [], "scannedTo": [5, 4], "overflowed": False}  # told since: without what was missed
     topics = {T0: {**_report(3, owner="c"), "intake": later}}
     cursors._answered(B1, {"epoch": "e", "seq": 2, "full": False, "topics": topics, "gone": []})
-    # ours now: not handed (the engine would take the entries passed over for read), the next poll asks for all kept
-    assert handed == [] and B1 in cursors._refetch
+    # ours now: not handed yet (the engine would take the entries passed over for read); all kept is asked for
+    assert handed == [] and len(asked) == 1
+    newer = {"found": [{"data": [5, 6, -1], "producers": {"a": [1, 9]}}], "scannedTo": [5, 6], "overflowed": False}
+    topics = {T0: {**_report(3, owner="c"), "intake": newer}}  # told by the poll before that answer came
+    cursors._answered(B1, {"epoch": "e", "seq": 3, "full": False, "topics": topics, "gone": []})
+    assert handed == [] and len(asked) == 1
     everything = {"found": found["found"], "scannedTo": [5, 4], "overflowed": False}
-    topics = {T0: {**_report(3, owner="c"), "intake": everything}}
-    cursors._answered(B1, {"epoch": "f", "seq": 1, "full": True, "topics": topics, "gone": []})
-    (report,) = handed
-    assert report.entries[0].stretch == (("a", 2, 7),) and report.scanned_to == (5, 4)
+    _answer_refetch(cursors, asked, {T0: {**_report(3, owner="c"), "intake": everything}})
+    # all kept first, then what the polls told meanwhile (the engine skips what it has)
+    assert [r.scanned_to for r in handed] == [(5, 4), (5, 4), (5, 6)]
+    assert handed[0].entries[0].stretch == (("a", 2, 7),) and handed[-1].entries[0].stretch == (("a", 1, 9),)
+    cursors._answered(B1, {"epoch": "e", "seq": 4, "full": False, "topics": topics, "gone": []})
+    assert len(handed) == 4 and asked == []  # from now on handed as told
+
+
+def test_by_claim_a_partition_is_ours_once_claimed_and_gets_all_the_plugin_keeps() -> None:
+    """Issue 47 (ownership by claim): the broker names no owner (no consumer); what the plugin tells goes to the
+    partition once this instance holds the topic's claim, starting with everything the plugin keeps."""
+    cursors, partition = _cursors(), _partition()
+    cursors.intake = True
+    asked = _refetching(cursors)
+    handed: list[Any] = []
+    partition.intake = handed.append
+    partition.owner, partition.claimed = False, False
+    cursors.add(partition)
+    assert not cursors.claimed(partition)  # no plugin reports it yet: our consumer must receive
+    found = {"found": [{"data": [5, 3, -1], "producers": {"a": [2, 7]}}], "scannedTo": [5, 3], "overflowed": False}
+    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: {**_report(3, owner=None),
+                                                                                  "intake": found}}, "gone": []})  # fmt: skip
+    assert handed == [] and cursors.reports(partition) and cursors.served_by(partition) == B1
+    partition.claimed = True
+    assert cursors.claimed(partition) and len(asked) == 1
+    _answer_refetch(cursors, asked, {T0: {**_report(3, owner=None), "intake": found}})
+    assert [r.scanned_to for r in handed] == [(5, 3)]
 
 
 def test_the_generators_cursor_moves_through_the_plugin_that_reports_the_topic_one_request_per_broker() -> None:

@@ -1,0 +1,103 @@
+"""Ownership by claim (`--ownership claim`): the generator holding a topic's companion producer in Pulsar's
+`WaitForExclusive` mode owns the topic, with no consumer of its own on the data topic; standbys wait in Pulsar's
+queue for that producer, and Pulsar refuses every other producer there."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pulsar
+import pytest
+
+from consumer import WatermarkConsumer
+from producer import WatermarkProducer
+from pulsar_access.admin import PulsarAdmin
+from pulsar_access.settings import PulsarSettings
+from pulsar_access.topics import watermark_topic_for
+from tests.integration.generator_process import GeneratorProcess
+from tests.integration.helpers import Recorder, wait_until, watermarks
+from tests.oracle import assert_oracle_agrees
+from watermark_core.protocol import GENERATOR_SUBSCRIPTION
+
+pytestmark = pytest.mark.integration
+
+
+def _claimant(admin: PulsarAdmin, topic: str) -> tuple[str, str] | None:
+    """The instance holding the topic's companion producer, and that producer's access mode."""
+    publishers = admin.topic_stats(watermark_topic_for(topic))["publishers"]
+    held = [p for p in publishers if p.get("accessMode") != "WaitForExclusive" or len(publishers) == 1]
+    if not held:
+        return None
+    name = str(held[0].get("producerName", ""))  # __wm_dispatch-<instance>-<n>
+    return name.removeprefix("__wm_dispatch-").rsplit("-", 1)[0], str(held[0].get("accessMode"))
+
+
+def test_two_claiming_generators_one_killed_the_standby_takes_over_and_pulsar_fences_the_companion(
+    pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str, tmp_path: Path
+) -> None:
+    topic = f"persistent://{namespace}/claimed"
+    names = [f"claim-a-{uuid.uuid4().hex[:4]}", f"claim-b-{uuid.uuid4().hex[:4]}"]
+    gens = {
+        name: GeneratorProcess(pulsar_settings, tmp_path / f"{name}.log", name, WM_NAMESPACES=namespace,
+                               WM_OWNERSHIP="claim").start()
+        for name in names
+    }  # fmt: skip
+    recorder = Recorder()
+    consumer = WatermarkConsumer(pulsar_client, topic, "sub", listener=recorder)
+    producer = WatermarkProducer(pulsar_client, topic, producer_name="claimed-producer")
+    try:
+        producer.new_watermark().event_time(100).send()
+        producer.send(b"x", event_timestamp=100)
+        wait_until(lambda: watermarks(recorder) == [100], timeout_s=30, what="the first watermark")
+        wait_until(lambda: (_claimant(admin, topic) or ("", ""))[0] in gens, what="a claimant")
+        victim, mode = _claimant(admin, topic) or ("", "")
+        assert mode == "WaitForExclusive"
+        # no generator holds a consumer on the data topic: the plugin hands the markers over
+        generator = admin.topic_stats(topic)["subscriptions"][GENERATOR_SUBSCRIPTION]
+        assert generator["consumers"] == []
+        # Pulsar refuses any other producer on the companion topic while the claim is held
+        with pytest.raises(pulsar.PulsarException):
+            pulsar_client.create_producer(watermark_topic_for(topic), producer_name="intruder")
+
+        gens[victim].kill()
+        killed_at = time.monotonic()
+        producer.new_watermark().event_time(200).send()
+        producer.send(b"y", event_timestamp=200)
+        wait_until(lambda: watermarks(recorder) == [100, 200], timeout_s=30, what="a watermark from the standby")
+        took_s = time.monotonic() - killed_at
+        survivor = next(name for name in gens if name != victim)
+        assert (_claimant(admin, topic) or ("", ""))[0] == survivor
+        assert "claimed" in gens[survivor].log_text()
+        print(f"the standby's first watermark came {took_s:.2f} s after the kill")
+        assert_oracle_agrees(pulsar_client, admin, topic, gens[survivor].watermark_config)
+    finally:
+        for gen in gens.values():
+            gen.stop()
+    consumer.close()
+    producer.close()
+
+
+def test_a_claiming_generator_follows_a_partitioned_topic_without_consumers(
+    pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str, tmp_path: Path
+) -> None:
+    topic = f"persistent://{namespace}/claimed-parts"
+    admin.create_topic(topic, partitions=3)
+    gen = GeneratorProcess(pulsar_settings, tmp_path / "gen.log", "claim-parts", WM_NAMESPACES=namespace,
+                           WM_OWNERSHIP="claim").start()  # fmt: skip
+    recorder = Recorder()
+    consumer = WatermarkConsumer(pulsar_client, topic, "sub", listener=recorder)
+    producer = WatermarkProducer(pulsar_client, topic, producer_name="parts-producer")
+    try:
+        producer.new_watermark().event_time(500).send()  # to every partition
+        for key in range(12):
+            producer.send(b"d", event_timestamp=600, partition_key=str(key))
+        wait_until(lambda: watermarks(recorder)[-1:] == [500], timeout_s=30, what="the watermark of all partitions")
+        for index in range(3):
+            stats = admin.topic_stats(f"{topic}-partition-{index}")["subscriptions"][GENERATOR_SUBSCRIPTION]
+            assert stats["consumers"] == []
+    finally:
+        gen.stop()
+    consumer.close()
+    producer.close()
