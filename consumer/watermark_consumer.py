@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import operator
 import sys
 import threading
 import time
@@ -57,6 +58,23 @@ NO_WATERMARK_WARNING_S = 30.0
 _BATCH_END = 2**31 - 1
 """The largest batch index a message id holds: after every message of an entry."""
 _monotonic = time.monotonic
+
+
+def _unbound(cls: type, name: str) -> Any:
+    """`cls.name` as the function the binding defines, to be called with the object first. pybind11 keeps a method in
+    its class as an `instancemethod`, which every `raw.name()` binds anew (an object made and freed per call)."""
+    attribute = cls.__dict__[name]
+    return getattr(attribute, "__func__", attribute)
+
+
+_ACCESSORS = ("properties", "message_id", "event_timestamp")
+_UNBOUND_ACCESSORS = tuple(_unbound(_pulsar.Message, name) for name in _ACCESSORS)
+"""A binding message's accessors the pull path calls per message, unbound (about 300 instructions less a call)."""
+_CALLED_ACCESSORS = tuple(operator.methodcaller(name) for name in _ACCESSORS)
+"""The same for a binding of another kind (a test's stand-in): the accessor called by name."""
+_key_before = _unbound(_pulsar.MessageId, "__lt__")
+"""`a < b` of two lane keys (`_pulsar.MessageId`, see `_message_id_at`) without Python's comparison protocol, which
+looks `__lt__` up in the class first (about 300 instructions a message)."""
 
 
 def _message_id_at(position: Position) -> Any:
@@ -158,7 +176,7 @@ class WatermarkConsumer:
                 listener=listener is not None,
                 perform=self._dispatcher.put if self._dispatcher is not None else None,
                 idle=self._dispatcher.idle if self._dispatcher is not None else None,
-                acknowledge=self._acknowledge_skipped, admin_url=admin_url, key=_message_id_at,
+                acknowledge=self._acknowledge_on_consumer, admin_url=admin_url, key=_message_id_at,
             )  # fmt: skip
             try:
                 self._subscribe: Callable[[], pulsar.Consumer] = functools.partial(
@@ -280,8 +298,9 @@ class WatermarkConsumer:
             key = message_or_id.message_id() if hasattr(message_or_id, "message_id") else message_or_id
         return self._partition_of(key), position_of(key)
 
-    def _acknowledge_skipped(self, message: object) -> None:
-        """The engine skipped a message (a marker, a seek's target): acknowledge it."""
+    def _acknowledge_on_consumer(self, message: object) -> None:
+        """Acknowledge on the current Pulsar consumer (`_on_consumer`): a message the engine skipped (a marker, a seek's
+        target), or one the pull path lets through that the binding did not take."""
         self._on_consumer(lambda c: c.acknowledge(message))
 
     @property
@@ -299,13 +318,14 @@ class WatermarkConsumer:
             raise RuntimeError("this consumer has a listener; messages go to it, not to receive()")
         started = None if timeout_millis is None else _monotonic()
         left = timeout_millis
+        properties, message_id, event_timestamp = self._accessors
         while True:
             try:
                 raw = self._raw_receive() if left is None else self._raw_receive(left)
             except pulsar.AlreadyClosed:  # a seek is replacing the consumer (`_renew`)
                 raw = self._receive_raw(left)
-            if MARKER_PROPERTY not in raw.properties():
-                key = raw.message_id()  # `_wrap`, inline
+            if MARKER_PROPERTY not in properties(raw):
+                key = message_id(raw)  # `_wrap`, inline
                 message = _Message()
                 message._message = raw
                 message._schema = self._schema
@@ -317,7 +337,7 @@ class WatermarkConsumer:
                     lock = self._lock
                     lock.acquire()
                     try:
-                        quiet = lane.receiving and lane.after < key
+                        quiet = lane.receiving and _key_before(lane.after, key)
                         if quiet:
                             lane.after = key
                             lane.arrived.append(key)
@@ -326,7 +346,7 @@ class WatermarkConsumer:
                     if quiet or self._feed.received(self._partition_of(key), key, message):
                         current = self._feed.current  # `Lateness.judge`, inline
                         if current is not None:
-                            event_time = raw.event_timestamp()
+                            event_time = event_timestamp(raw)
                             if event_time and event_time < current.event_time:
                                 self._lateness.late(message)
                         return message
@@ -351,11 +371,12 @@ class WatermarkConsumer:
         delivered: list[pulsar.Message] = []
         append = delivered.append
         feed, lanes, only, schema, lock = self._feed, self._lanes, self._only_lane, self._schema, self._lock
+        properties, message_id, event_timestamp = self._accessors
         current = feed.current
         lock.acquire()  # held over the batch, let go around what the engine decides
         try:
             for raw in batch:
-                if MARKER_PROPERTY in raw.properties():
+                if MARKER_PROPERTY in properties(raw):
                     lock.release()
                     try:
                         self._marker(raw)
@@ -363,7 +384,7 @@ class WatermarkConsumer:
                         lock.acquire()
                     current = feed.current
                     continue
-                key = raw.message_id()  # `_wrap`, inline
+                key = message_id(raw)  # `_wrap`, inline
                 message = _Message()
                 message._message = raw
                 message._schema = schema
@@ -371,7 +392,7 @@ class WatermarkConsumer:
                 lane = only
                 if lane is None:
                     lane = message._wm_lane = lanes.get(self._partition_of(key))
-                if lane is not None and lane.receiving and lane.after < key:  # the lane's protocol, inline
+                if lane is not None and lane.receiving and _key_before(lane.after, key):  # the lane's protocol, inline
                     lane.after = key
                     lane.arrived.append(key)
                 else:
@@ -384,7 +405,7 @@ class WatermarkConsumer:
                     if not taken:
                         continue
                 if current is not None:  # `Lateness.judge`, inline
-                    event_time = raw.event_timestamp()
+                    event_time = event_timestamp(raw)
                     if event_time and event_time < current.event_time:
                         self._lateness.late(message)
                 append(message)
@@ -441,9 +462,10 @@ class WatermarkConsumer:
         """Acknowledge a message or message id; held back while it would let the subscription pass a
         position it moved back to before the watermark recomputed there has arrived (then sent)."""
         try:
-            key = message._wm_at  # a message `receive` returned: its message id, the lanes' key
+            key, raw = message._wm_at, message._message  # a message `receive` returned: its message id, the lanes' key
             lane = self._only_lane or message._wm_lane
         except AttributeError:  # a message id, or a message this consumer did not return: by its position
+            raw = None
             partition, position = self._position(message)
             key, lane = _message_id_at(position), self._lanes.get(partition)  # a key of the lanes' kind
             if lane is None:
@@ -456,13 +478,13 @@ class WatermarkConsumer:
             acked = lane.acked
             acked.append(key)
             if lane.acknowledging and lane.acked is acked:
-                if type(message) is _Message:  # `_send_acknowledgement`, inline
+                if raw is not None:  # `_send_acknowledgement`, inline
                     try:
-                        self._raw_acknowledge(message._message)
+                        self._raw_acknowledge(raw)
                         return
                     except pulsar.AlreadyClosed:  # a seek is replacing the consumer (`_renew`)
                         pass
-                self._on_consumer(lambda c: c.acknowledge(message))
+                self._acknowledge_on_consumer(message)  # a method: a lambda here puts `message` in a cell per call
                 return
             partition = lane.partition
         send = functools.partial(self._send_acknowledgement, message)
@@ -497,6 +519,10 @@ class WatermarkConsumer:
         self._raw_receive, self._raw_acknowledge = self._raw.receive, self._raw.acknowledge
         """The binding's two calls of the pull path, bound once (a look-up of a binding's method per call costs about
         as much as a third of the call)."""
+        self._accessors: tuple[Callable[[Any], Any], ...] = (
+            _UNBOUND_ACCESSORS if type(self._raw) is _pulsar.Consumer else _CALLED_ACCESSORS
+        )
+        """What the pull path asks of each message (`properties`, `message_id`, `event_timestamp`), called with it."""
         self._schema = consumer._schema
 
     def _on_consumer(self, action: Callable[[pulsar.Consumer], T]) -> T:
