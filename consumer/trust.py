@@ -168,10 +168,10 @@ class Lane:
     decides anything about the partition. The rule sets the flags and `after` again after every decision
     (`open_lanes`), so a lane is open only while the rule would decide nothing else.
 
-    - **a message**, under the caller's lock (the one the rule's decisions are made under): while `receiving`, a
-      data message after `after` (`after < key`) is such a one: its key becomes `after` and is appended to `arrived`
-      (`ConsumerEngine.received_quietly`);
-    - **a marker**, under the same lock: while `receiving` and `acknowledging`, a marker after `after` is received
+    - **a message**, under the caller's exclusion of the rule's decisions (the consumer's shell: the feed's
+      `lane_token`, which every decision holds too): while `receiving`, a data message after `after` (`after < key`)
+      is such a one: its key becomes `after` and is appended to `arrived` (`ConsumerEngine.received_quietly`);
+    - **a marker**, under the same exclusion: while `receiving` and `acknowledging`, a marker after `after` is received
       and acknowledged at once with nothing to decide (what the engine does with one): its key becomes `after` and
       is appended to `skipped` (`ConsumerEngine.skipped_quietly`), apart from the data, so that the data's
       acknowledgements stay in the order received;

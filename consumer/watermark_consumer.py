@@ -195,8 +195,8 @@ class WatermarkConsumer:
         self._lanes: dict[int, Lane] = self._feed.lanes
         self._only_lane = self._lanes[self._unnamed_partition] if one else None
         """Its lane (consumer/trust.py `Lane`): the pull path's, without a look-up."""
-        self._lock = self._feed.lock
-        """The feed's lock, under which a message goes through a lane."""
+        self._lane_token = self._feed.lane_token
+        """The right to write the lanes (the feed's `lane_token`), which a message holds going through a lane."""
         if self._dispatcher is not None:  # the feed queued what the catch-up found (`Attached`), first
             self._dispatcher.start()
         self._batch_policy = _batch_policy_of(subscribe_options.get("batch_receive_policy"), room)
@@ -230,7 +230,7 @@ class WatermarkConsumer:
     #
     # Per message, the pull path (`receive`, `batch_receive`, `acknowledge`) does what the plain client does plus what
     # a correct consumer cannot skip: the marker property, the message's position and one comparison with the
-    # partition's lane (consumer/trust.py `Lane`, under the feed's lock for a message, without a lock for an
+    # partition's lane (consumer/trust.py `Lane`, holding the feed's `lane_token` for a message, without it for an
     # acknowledgement), and `event_timestamp` for `late_messages` while a watermark is held. The position is the
     # message id the client's binding returns, kept as it is: it is the lanes' key (`_message_id_at`), compared with
     # the binding's own `<`, and the rule asks it for ledger, entry and batch index only where it needs a position
@@ -270,11 +270,19 @@ class WatermarkConsumer:
         message, key, lane = self._wrap(raw)
         quiet = False
         if lane is not None:
-            with self._lock:
-                if lane.receiving and lane.acknowledging and lane.after < key:
-                    lane.after = key
-                    lane.skipped.append(key)
-                    quiet = True
+            token = self._lane_token
+            try:
+                token.pop()
+            except IndexError:  # the engine decides meanwhile: it decides this one too
+                pass
+            else:
+                try:
+                    if lane.receiving and lane.acknowledging and lane.after < key:
+                        lane.after = key
+                        lane.skipped.append(key)
+                        quiet = True
+                finally:
+                    token.append(True)
         if quiet:
             self._send_acknowledgement(message)
         else:
@@ -320,8 +328,9 @@ class WatermarkConsumer:
         left = timeout_millis
         properties, message_id, event_timestamp = self._accessors
         while True:
+            receive = self._raw_receive  # (a local: a call through `self.` looks an instance's attribute up slowly)
             try:
-                raw = self._raw_receive() if left is None else self._raw_receive(left)
+                raw = receive() if left is None else receive(left)
             except pulsar.AlreadyClosed:  # a seek is replacing the consumer (`_renew`)
                 raw = self._receive_raw(left)
             if MARKER_PROPERTY not in properties(raw):
@@ -334,23 +343,25 @@ class WatermarkConsumer:
                 if lane is None:
                     lane = message._wm_lane = self._lanes.get(self._partition_of(key))
                 if lane is not None:  # the lane's protocol (consumer/trust.py `Lane`), inline
-                    lock = self._lock
-                    lock.acquire()
+                    token = self._lane_token
                     try:
-                        quiet = lane.receiving and _key_before(lane.after, key)
-                        if quiet:
-                            lane.after = key
-                            lane.arrived.append(key)
-                    finally:
-                        lock.release()
-                    if quiet or self._feed.received(self._partition_of(key), key, message):
-                        current = self._feed.current  # `Lateness.judge`, inline
-                        if current is not None:
-                            event_time = event_timestamp(raw)
-                            if event_time and event_time < current.event_time:
-                                self._lateness.late(message)
-                        return message
-                elif self._feed.received(self._partition_of(key), key, message):
+                        token.pop()  # the right to write the lanes (the feed's `lane_token`), without waiting
+                    except IndexError:  # the engine decides meanwhile: it decides this one too (`received`, below)
+                        pass
+                    else:
+                        try:
+                            if lane.receiving and _key_before(lane.after, key):
+                                lane.after = key
+                                lane.arrived.append(key)
+                                current = self._feed.current  # `Lateness.judge`, inline
+                                if current is not None:
+                                    event_time = event_timestamp(raw)
+                                    if event_time and event_time < current.event_time:
+                                        self._lateness.late(message)
+                                return message
+                        finally:
+                            token.append(True)
+                if self._feed.received(self._partition_of(key), key, message):
                     self._lateness.judge(message, self._feed.current)
                     return message
             else:
@@ -370,18 +381,19 @@ class WatermarkConsumer:
         batch = self._on_raw(lambda c: _collect_batch(c.receive, *self._batch_policy))
         delivered: list[pulsar.Message] = []
         append = delivered.append
-        feed, lanes, only, schema, lock = self._feed, self._lanes, self._only_lane, self._schema, self._lock
+        feed, lanes, only, schema = self._feed, self._lanes, self._only_lane, self._schema
+        deciding = feed.deciding
         properties, message_id, event_timestamp = self._accessors
         current = feed.current
-        lock.acquire()  # held over the batch, let go around what the engine decides
+        deciding.__enter__()  # the feed's lock and the lanes' token, held over the batch, let go around the engine
         try:
             for raw in batch:
                 if MARKER_PROPERTY in properties(raw):
-                    lock.release()
+                    deciding.__exit__()
                     try:
                         self._marker(raw)
                     finally:
-                        lock.acquire()
+                        deciding.__enter__()
                     current = feed.current
                     continue
                 key = message_id(raw)  # `_wrap`, inline
@@ -396,11 +408,11 @@ class WatermarkConsumer:
                     lane.after = key
                     lane.arrived.append(key)
                 else:
-                    lock.release()
+                    deciding.__exit__()
                     try:
                         taken = feed.received(self._partition_of(key), key, message)
                     finally:
-                        lock.acquire()
+                        deciding.__enter__()
                     current = feed.current
                     if not taken:
                         continue
@@ -410,7 +422,7 @@ class WatermarkConsumer:
                         self._lateness.late(message)
                 append(message)
         finally:
-            lock.release()
+            deciding.__exit__()
         return delivered
 
     def _receive_raw(self, timeout_millis: int | None) -> Any:
@@ -479,8 +491,9 @@ class WatermarkConsumer:
             acked.append(key)
             if lane.acknowledging and lane.acked is acked:
                 if raw is not None:  # `_send_acknowledgement`, inline
+                    acknowledge = self._raw_acknowledge  # (a local: see `receive`)
                     try:
-                        self._raw_acknowledge(raw)
+                        acknowledge(raw)
                         return
                     except pulsar.AlreadyClosed:  # a seek is replacing the consumer (`_renew`)
                         pass

@@ -10,8 +10,8 @@ it. Which event may stand over which message, which acknowledgement waits, how l
 moved back waits for the generator: all that is decided by the consumer's engine (consumer/engine.py).
 The feed owns the engine and its lock, and nobody else touches either: it reads the companion topic into
 it on the reader's thread, ticks it, looks for partitions added to the topic, and passes on what the
-consumer reports. The consumer's hot path goes through the engine's lanes (`lanes`, under `lock` for a message;
-consumer/trust.py `Lane`) and, for everything a lane does not let through, two calls: `received` (a message the
+consumer reports. The consumer's hot path goes through the engine's lanes (`lanes`, holding `lane_token` for a
+message; consumer/trust.py `Lane`) and, for everything a lane does not let through, two calls: `received` (a message the
 client delivered) and `report` (any other event); and three reads: `current`, `pending`, `follows_new_partitions`.
 """
 
@@ -56,8 +56,42 @@ TICK_S = 0.1
 which on a busy topic comes every few hundred messages and would tick as often (issue 48)."""
 PARTITION_REFRESH_S = 10.0
 """How often the feed of a partitioned topic looks for partitions added to it."""
+LANE_WAIT_S = 0.0001
+"""How long a thread that waits for the lanes' token sleeps (letting go of the GIL) before it looks again: a pull holds
+it for a few lines (`WatermarkFeed.lane_token`)."""
 
 Perform = Callable[[list[Command]], None]
+
+
+def take_lane_token(token: list[bool]) -> None:
+    """Take the lanes' token (`WatermarkFeed.lane_token`), waiting while another thread holds it."""
+    while True:
+        try:
+            token.pop()
+            return
+        except IndexError:
+            time.sleep(LANE_WAIT_S)
+
+
+class _Deciding:
+    """`with feed.deciding:` the feed's lock, then the lanes' token: what every call into the engine holds."""
+
+    __slots__ = ("_lock", "_token")
+
+    def __init__(self, lock: threading.Lock, token: list[bool]) -> None:
+        self._lock, self._token = lock, token
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        try:
+            take_lane_token(self._token)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def __exit__(self, *_exc: object) -> None:
+        self._token.append(True)
+        self._lock.release()
 
 
 def partition_indexes(client: pulsar.Client, topic: str) -> list[int]:
@@ -121,12 +155,22 @@ class WatermarkFeed:
         """The engine's watermark (strict without a listener), copied after each event it handled (all under the lock,
         here): the hot path reads it per message without a call."""
         self.lock = threading.Lock()
-        """Held while the engine handles an event and its commands are queued or carried out, and while the consumer's
-        hot path lets a message through a lane (`lanes`); nothing else takes it."""
+        """Held while the engine handles an event and its commands are queued or carried out (with `lane_token`), and
+        over a `batch_receive`'s batch; nothing else takes it."""
+        self.lane_token: list[bool] = [True]
+        """The right to write the lanes (`lanes`; what the engine decides reads them): the list holds one token while
+        nobody has it. `pop()` takes it (IndexError: somebody has it), `append(True)` gives it back; each is one call
+        the GIL makes atomic (and a free-threaded Python's list makes atomic too). A lock by another name, cheaper than
+        a `threading.Lock`'s pair by about 600 instructions (its `acquire` parses its arguments every call; issue 48):
+        the consumer's `receive` takes it without waiting, and goes the slow way (`received`) when somebody has it;
+        every call into the engine holds `lock` and then the token (`deciding`), waiting the few lines a pull holds
+        it."""
+        self.deciding = _Deciding(self.lock, self.lane_token)
+        """`with deciding:` what a call into the engine holds (`lock`, then `lane_token`)."""
         self.lanes = self._engine.lanes
         """Each partition's hot path (consumer/trust.py `Lane`): the consumer's `receive`, `batch_receive` and
-        `acknowledge` let a quiet message through under `lock`, and a quiet acknowledgement without it, by the lane's
-        protocol; everything else is an event for the engine (`received`, `report`)."""
+        `acknowledge` let a quiet message through with `lane_token`, and a quiet acknowledgement without it, by the
+        lane's protocol; everything else is an event for the engine (`received`, `report`)."""
         self._incarnations = Incarnations.for_consumer(admin_url, reader=f"subscription {subscription!r} of {topic}")
         self._companion = CompanionReader(
             client, topic, self._incarnations, on_table=self._on_table, on_head=self._on_head,
@@ -139,7 +183,7 @@ class WatermarkFeed:
         # anything read later (issue 34, fault 3).
         self._attached = threading.Event()
         self._companion.catch_up()
-        with self.lock:
+        with self.deciding:
             commands = self._engine.handle(Attached(), time.monotonic())
             self.current = self._engine.current
             if commands and self._perform is not None:
@@ -188,7 +232,7 @@ class WatermarkFeed:
 
     def report(self, event: Event) -> list[Command]:
         """An event the consumer reports: `perform` under the lock, acknowledgements sent; the commands."""
-        with self.lock:
+        with self.deciding:
             commands = self._engine.handle(event, time.monotonic())
             self.current = self._engine.current
             if commands and self._perform is not None:
@@ -206,9 +250,17 @@ class WatermarkFeed:
         hands nothing). The consumer's pull path does the lane's part itself (`lanes`) and calls this for the rest."""
         if not marker:
             idle = self._idle
-            with self.lock:
-                if (idle is None or idle()) and self._engine.received_quietly(partition, key):
-                    return True
+            with self.lock:  # `deciding`, written out: the listener's thread comes here for every message
+                token = self.lane_token
+                try:
+                    token.pop()
+                except IndexError:
+                    take_lane_token(token)
+                try:
+                    if (idle is None or idle()) and self._engine.received_quietly(partition, key):
+                        return True
+                finally:
+                    token.append(True)
         commands = self.report(Received(partition, position_of(key), message, marker))
         return self._perform is None and any(type(command) is Deliver for command in commands)
 
@@ -219,7 +271,7 @@ class WatermarkFeed:
 
     def _feed(self, event: Event) -> None:
         """An event the feed itself read or timed: its commands carried out, the change told."""
-        with self.lock:
+        with self.deciding:
             before = self._engine.current
             commands = self._engine.handle(event, time.monotonic())
             self.current = after = self._engine.current

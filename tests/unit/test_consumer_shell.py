@@ -166,6 +166,39 @@ def test_receive_hides_markers_and_acknowledges_them_and_the_hot_path_acknowledg
         consumer.receive(50)
 
 
+def test_a_message_while_the_engine_decides_goes_the_engines_way_and_the_engine_waits_for_a_pull(
+    client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
+) -> None:
+    """Issue 48: the pull path takes the lanes' token (the feed's `lane_token`) without waiting. While somebody holds
+    it (the engine deciding, another pull), the message goes the engine's way (`received`), which waits for the token;
+    the engine's every decision waits for it too; every path gives it back."""
+    client.publish_table(0, 1000)
+    consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, admin_url=UNREACHABLE_ADMIN)
+    closing.append(consumer)
+    token = consumer._feed.lane_token
+    client.send(data(3, 500), marker(4, 2000), data(5, 2500))
+    token.pop()  # held elsewhere
+    got: list[pulsar.Message] = []
+    pulling = threading.Thread(target=lambda: got.append(consumer.receive(1000)))
+    pulling.start()
+    pulling.join(0.3)
+    assert pulling.is_alive() and not got  # the engine's way waits for the token
+    token.append(True)
+    pulling.join(5)
+    assert [message.data() for message in got] == [b"data-3"] and consumer.is_late(got[0])
+    second = consumer.receive(1000)  # the marker, then 5: through the lane
+    assert second.data() == b"data-5" and consumer.markers_hidden == 1 and token == [True]
+    assert consumer.batch_receive() == [] and token == [True]
+    consumer.acknowledge(second)
+    token.pop()  # a pull between taking the token and giving it back
+    client.publish_table(4, 2000)  # computed at 4: 3 (received the engine's way) is outstanding
+    time.sleep(0.3)
+    assert consumer.get_last_watermark() == Watermark(1000, computed_at=((-1, 7, 0),))  # the feed waits
+    token.append(True)
+    assert eventually(lambda: consumer.get_last_watermark() is None)  # then distrusts: 3 is outstanding
+    assert token == [True]
+
+
 def test_an_acknowledgement_by_message_id_counts_as_the_messages(
     client: FakeClient, closing: list[WatermarkFeed | WatermarkConsumer]
 ) -> None:
@@ -325,11 +358,14 @@ def test_the_feed_tells_a_change_and_the_hot_path_delivers_without_commands(
     assert feed.received(-1, (7, 1, -1), "m1")
     assert feed.acknowledged_quietly(-1, (7, 1, -1))
     assert not feed.received(-1, (7, 2, -1), "marker", marker=True)
-    lane = feed.lanes[-1]  # what the consumer's pull path does itself, under the feed's lock
-    with feed.lock:
+    lane = feed.lanes[-1]  # what the consumer's pull path does itself, holding the lanes' token
+    feed.lane_token.pop()
+    try:
         assert lane.receiving and lane.after < (7, 3, -1)
         lane.after = (7, 3, -1)
         lane.arrived.append((7, 3, -1))
+    finally:
+        feed.lane_token.append(True)
     assert feed.received(-1, (7, 5, -1), "m5")
     client.publish_table(4, 3000)
     assert eventually(lambda: len(changes) == 1)  # 3 (through the lane) is outstanding: distrusted, None
@@ -406,13 +442,14 @@ def test_the_dispatcher_delivers_what_receive_lets_go_after_the_inbox_and_before
 
 def test_the_consumer_goes_through_the_feeds_api_only() -> None:
     """Issue 34: the feed is the one owner of the engine. Issue 48: the pull path shares the engine's lanes and the
-    lock they are written under (consumer/trust.py `Lane`), and nothing else of it."""
+    token they are written with (consumer/trust.py `Lane`, the feed's `lane_token`; `deciding` over a batch), and
+    nothing else of it."""
     from pathlib import Path
 
     source = (Path(__file__).parents[2] / "consumer" / "watermark_consumer.py").read_text()
     for reach_in in ("feed.engine", "_feed._", "ConsumerEngine", "quietly(", "engine.trust", "WatermarkTrust"):
         assert reach_in not in source, reach_in
-    assert set(re.findall(r"feed\.(l\w+)", source)) <= {"lock", "lanes"}
+    assert set(re.findall(r"feed\.(l\w+|lock|deciding)", source)) <= {"lane_token", "lanes", "deciding"}
 
 
 # -- CompanionReader ----------------------------------------------------------------------------------------------
