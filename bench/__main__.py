@@ -19,6 +19,7 @@ from bench import (
     generator,
     generator_bounds,
     generator_scale,
+    kill_gap,
     multi_broker,
     plugin_scale,
     reconnect_storm,
@@ -44,6 +45,11 @@ def _snapshot(_settings: PulsarSettings) -> Figures:
 def _plugin(settings: PulsarSettings) -> Figures:
     with tempfile.TemporaryDirectory(prefix="wm-bench-plugin-") as logs:
         return plugin_scale.run(settings, Path(os.environ.get("WM_BENCH_LOGS") or logs))
+
+
+def _kill(settings: PulsarSettings) -> Figures:
+    with tempfile.TemporaryDirectory(prefix="wm-bench-kill-") as logs:
+        return kill_gap.run(settings, Path(os.environ.get("WM_BENCH_LOGS") or logs))
 
 
 def _burst(settings: PulsarSettings) -> Figures:
@@ -74,6 +80,7 @@ GROUPS: dict[str, tuple[str, Callable[[PulsarSettings], Figures]]] = {
         "plugin's intake, by the consumer, and without the plugin (issue 47)",
         data_heavy.run,
     ),
+    "kill": ("the watermark gap when the owning generator is killed -9 at 1000 topics (issue 47)", _kill),
     "bounds": ("an abandoned subscription's memory (issue 26)", generator_bounds.abandoned_subscription_figures),
     "snapshot": ("snapshot size with producers coming and going (issue 26)", _snapshot),
 }

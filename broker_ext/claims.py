@@ -9,6 +9,14 @@ queue within milliseconds. A holder whose producer went back to Pulsar's queue (
 another broker and another instance reconnected first) sees it disconnected at the next check: it gives the
 topic up and asks again, behind the new holder.
 
+Who asks first: every instance holds a producer named after it on the members topic (`__wm_generators` in the
+watermark namespace) and reads that topic's producers every `MEMBERS_EVERY_S`. The instances ranked for a topic
+by a hash of the topic and their names (rendezvous hashing), the first asks at once and the k-th `k *
+HOLD_OFF_S` later, so the topics spread evenly over instances that start together, and the next in rank is the
+standby (its request is next in Pulsar's queue). With several brokers, an instance asks at once for the topics
+of its own broker (the first of its admin URLs), so with one generator per broker each tends to own its
+broker's topics. An instance that joins later owns nothing until an owner goes: there is no rebalancing.
+
 Runs on the event loop's thread; the client's answers are posted to it. No consumer and no timer per topic:
 one check of every held producer every `CHECK_S`, and a request waiting in Pulsar's queue costs nothing
 until it is granted (the claims' client waits up to `WAIT_S` before asking again).
@@ -17,9 +25,11 @@ until it is granted (the claims' client waits up to `WAIT_S` before asking again
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +37,8 @@ import _pulsar
 import pulsar
 
 from broker_ext.loop import EventLoop
-from pulsar_access.topics import watermark_topic_for
+from pulsar_access.admin import AdminError, PulsarAdmin
+from pulsar_access.topics import watermark_namespace, watermark_topic_for
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +50,20 @@ WAIT_S = 3_600
 """How long one request waits in Pulsar's queue (the claims' client's operation timeout) before it is made
 again: a standby re-asks each topic about once an hour, not every few seconds."""
 HOLD_OFF_S = 1.0
-"""A topic that the instance's first broker does not serve is claimed this much later, so that with one
-generator per broker (pointed at its own broker first) each tends to own the topics of its broker."""
+"""The k-th instance in a topic's rank asks for its claim this much times k later than the first."""
+MEMBERS_TOPIC = "__wm_generators"
+MEMBER_PREFIX = "__wm_member-"
+MEMBERS_EVERY_S = 5.0
+STARTUP_S = 2.0
+"""Nothing is claimed in an instance's first seconds: instances started together see each other first."""
+
+
+def rank(base_topic: str, instance_id: str, members: set[str]) -> int:
+    """Where `instance_id` stands among `members` for `base_topic` (0: asks first), by rendezvous hashing."""
+    def weight(member: str) -> bytes:
+        return hashlib.blake2b(f"{base_topic}\x00{member}".encode(), digest_size=8).digest()
+
+    return sorted(members | {instance_id}, key=weight).index(instance_id)
 
 
 @dataclass
@@ -61,6 +84,7 @@ class Claims:
     def __init__(
         self, client: pulsar.Client, loop: EventLoop, instance_id: str, namespace: str | None,
         gained: Callable[[str, pulsar.Producer], None], lost: Callable[[str], None],
+        admin: PulsarAdmin | None = None, pool: Executor | None = None, members_client: pulsar.Client | None = None,
     ) -> None:  # fmt: skip
         self._client = client
         self._loop = loop
@@ -73,24 +97,77 @@ class Claims:
         self._claims: dict[str, Claim] = {}
         self._requests = 0
         self._checking = False
+        self._admin = admin
+        self._pool = pool
+        self._members_client = members_client or client
+        """Holds this instance's member producer (a client with a short operation timeout: the pool's thread waits)."""
+        self._members: set[str] = set()
+        """The instances with a producer on the members topic, as read last (loop thread)."""
+        self._member: pulsar.Producer | None = None
+        self._ready_at = time.time() + STARTUP_S
+        self._members_topic = f"persistent://{watermark_namespace(namespace)}/{MEMBERS_TOPIC}"
+
+    def start(self) -> None:
+        """Join the members (on the pool) and read them now and then."""
+        if self._pool is not None and self._admin is not None:
+            self._pool.submit(self._read_members)
+
+    def _read_members(self) -> None:
+        """On the pool: join the members (once it succeeds), read who they are now, then again in `MEMBERS_EVERY_S`."""
+        assert self._admin is not None and self._pool is not None
+        if self._member is None:
+            name = f"{MEMBER_PREFIX}{self._instance_id}"
+            try:
+                self._member = self._members_client.create_producer(self._members_topic, producer_name=name)
+            except Exception as exc:  # ranked as if alone meanwhile: it asks for every topic at once
+                log.warning("joining the generators on %s failed (%s); trying again in %.0f s",
+                            self._members_topic, exc, MEMBERS_EVERY_S)  # fmt: skip
+        try:
+            publishers = self._admin.topic_stats(self._members_topic).get("publishers") or []
+        except AdminError as exc:
+            log.debug("reading the generators on %s failed: %s", self._members_topic, exc)
+        else:
+            names = {str(p.get("producerName", "")) for p in publishers}
+            members = {n.removeprefix(MEMBER_PREFIX) for n in names if n.startswith(MEMBER_PREFIX)}
+            self._loop.post(lambda: self._members_read(members))
+        self._loop.post(lambda: self._loop.call_at(time.time() + MEMBERS_EVERY_S, ("claims", "members"),
+                                                   self._read_members_later))  # fmt: skip
+
+    def _read_members_later(self) -> None:
+        if self._pool is not None:
+            self._pool.submit(self._read_members)
+
+    def _members_read(self, members: set[str]) -> None:
+        if members != self._members:
+            log.info("generators: %s", ", ".join(sorted(members | {self._instance_id})))
+        self._members = members
 
     def held(self, base_topic: str) -> pulsar.Producer | None:
         """The topic's granted companion producer, or None."""
         claim = self._claims.get(base_topic)
         return None if claim is None else claim.producer
 
-    def want(self, base_topic: str, *, hold_off: bool = False) -> None:
-        """Claim a followed topic (once; again after a loss): at once, or after `HOLD_OFF_S`."""
+    def want(self, base_topic: str, *, home: bool = False) -> None:
+        """Claim a followed topic (once; again after a loss): at once where `home` (served by this instance's own
+        broker, of several), else after its rank's hold-off (and never in the instance's first `STARTUP_S`)."""
         if base_topic in self._claims:
             return
         claim = self._claims[base_topic] = Claim(base_topic, watermark_topic_for(base_topic, self._namespace))
-        if hold_off:
-            self._loop.call_at(time.time() + HOLD_OFF_S, ("claim", base_topic), lambda: self._ask(claim))
+        now = time.time()
+        if now < self._ready_at:
+            self._loop.call_at(self._ready_at, ("claim", base_topic), lambda: self._after_rank(claim, home))
         else:
-            self._ask(claim)
+            self._after_rank(claim, home)
         if not self._checking:
             self._checking = True
             self._loop.call_at(time.time() + CHECK_S, ("claims", "check"), self._check)
+
+    def _after_rank(self, claim: Claim, home: bool) -> None:
+        place = 0 if home else rank(claim.base_topic, self._instance_id, self._members)
+        if place == 0:
+            self._ask(claim)
+        else:
+            self._loop.call_at(time.time() + place * HOLD_OFF_S, ("claim", claim.base_topic), lambda: self._ask(claim))
 
     def drop(self, base_topic: str) -> None:
         """The topic is gone: give its claim up (a held producer is closed; a request's answer is ignored)."""
@@ -109,6 +186,9 @@ class Claims:
 
     def close(self) -> None:
         claims, self._claims = list(self._claims.values()), {}
+        if self._member is not None:
+            with contextlib.suppress(Exception):
+                self._member.close()
         for claim in claims:
             if claim.producer is not None:
                 with contextlib.suppress(Exception):

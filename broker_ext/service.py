@@ -85,7 +85,8 @@ class GeneratorService:
         if config.ownership == "claim":
             self.claims = Claims(
                 self.settings.client(operation_timeout_seconds=WAIT_S), self.loop, config.instance_id,
-                config.watermark_namespace, gained=self._claim_gained, lost=self._claim_lost,
+                config.watermark_namespace, gained=self._claim_gained, lost=self._claim_lost, admin=self.admin,
+                pool=self.admin_pool, members_client=self.client,
             )  # fmt: skip
         self.poller = CursorPoller(
             self.loop, self.admin, self.admin_pool, poll_interval_s=config.poll_interval_s,
@@ -174,13 +175,14 @@ class GeneratorService:
                 if self.claims.held(partition.base_topic) is not None:
                     partition.claim(True)
                 else:
-                    self.claims.want(partition.base_topic, hold_off=not self._served_here(partition))
+                    self.claims.want(partition.base_topic, home=self._served_here(partition))
             partition.subscribe()
 
     def _served_here(self, partition: PartitionIO) -> bool:
-        """Whether this instance's first broker serves the partition (as its plugin reports; one broker: always)."""
+        """Whether this instance's own broker (the first of several admin URLs) serves the partition, as its plugin
+        reports."""
         bases = self.admin.admin_bases
-        return len(bases) == 1 or self.cursors.served_by(partition) == bases[0]
+        return len(bases) > 1 and self.cursors.served_by(partition) == bases[0]
 
     def _claim_gained(self, base_topic: str, producer: pulsar.Producer) -> None:
         self.dispatcher.claimed(base_topic, producer)
@@ -225,6 +227,8 @@ class GeneratorService:
         warn_about_snapshot_key(self.config)
         self.loop.start()
         self.cursors.start()
+        if self.claims is not None:
+            self.claims.start()
         while not self._stop.is_set():
             try:
                 self.dispatcher.ensure_namespace()  # once it succeeds: consumers may read the tables' topics

@@ -308,8 +308,8 @@ def test_by_claim_a_partition_is_ours_once_claimed_and_gets_all_the_plugin_keeps
     cursors.add(partition)
     assert not cursors.claimed(partition)  # no plugin reports it yet: our consumer must receive
     found = {"found": [{"data": [5, 3, -1], "producers": {"a": [2, 7]}}], "scannedTo": [5, 3], "overflowed": False}
-    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: {**_report(3, owner=None),
-                                                                                  "intake": found}}, "gone": []})  # fmt: skip
+    topics = {T0: {**_report(3, owner=None), "intake": found}}
+    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": topics, "gone": []})
     assert handed == [] and cursors.reports(partition) and cursors.served_by(partition) == B1
     partition.claimed = True
     assert cursors.claimed(partition) and len(asked) == 1
