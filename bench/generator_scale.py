@@ -23,11 +23,12 @@ import pulsar
 
 from bench.common import say
 from bench.generator import Generator, _new_namespace
+from broker_ext.ownership import owner_of
 from consumer.watermark_feed import WatermarkFeed
 from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.settings import PulsarSettings
-from watermark_core.protocol import GENERATOR_SUBSCRIPTION, MARKER_PROPERTY, Watermark, decode_marker
+from watermark_core.protocol import MARKER_PROPERTY, Watermark, decode_marker
 
 SETTLE_S = 20.0
 OWNERSHIP_SETTLE_S = 40.0
@@ -209,22 +210,11 @@ def ownership_share(settings: PulsarSettings, client: pulsar.Client, admin: Puls
     generators = [Generator(s, namespace, log_dir) for s in (instance_settings or [settings] * instances)]
     try:
         time.sleep(OWNERSHIP_SETTLE_S)
-        owners: Counter[str] = Counter()
-        for name in names:
-            subscription = admin.topic_stats(name).get("subscriptions", {}).get(GENERATOR_SUBSCRIPTION, {})
-            owners[_instance_of(str(subscription.get("activeConsumerName")), generators)] += 1
+        owners: Counter[str] = Counter(owner_of(admin, name) for name in names)
     finally:
         for gen in generators:
             gen.kill()
     return max(owners.values()) / topics, dict(owners)
-
-
-def _instance_of(consumer_name: str, generators: list[Generator]) -> str:
-    """The instance id a Failover consumer name belongs to (a name may carry a per-topic prefix)."""
-    for gen in generators:
-        if consumer_name == gen.instance_id or consumer_name.endswith("." + gen.instance_id):
-            return gen.instance_id
-    return consumer_name
 
 
 def run(settings: PulsarSettings, log_dir: Path) -> dict[str, float | int | str]:

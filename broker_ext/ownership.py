@@ -1,5 +1,8 @@
 """Which generator instance owns a partition: decided by Pulsar, spread over the instances by name.
 
+By claim (`--ownership claim`, broker_ext/claims.py) the owner is the holder of the companion topic's exclusive
+producer. By Failover (below):
+
 Every instance subscribes to every partition with the Failover subscription `__wm_generator`;
 Pulsar delivers each partition to one active consumer, and that instance owns it. How the broker
 picks the active consumer (Pulsar 4.0, `AbstractDispatcherSingleActiveConsumer`): for a partition,
@@ -18,7 +21,13 @@ from __future__ import annotations
 
 import hashlib
 
+from pulsar_access.admin import PulsarAdmin
+from pulsar_access.topics import watermark_topic_for
+from watermark_core.protocol import GENERATOR_SUBSCRIPTION
+
 SEPARATOR = "."
+CLAIM_PRODUCER_PREFIX = "__wm_dispatch-"
+"""A claim's producer is named `__wm_dispatch-<instance id>-<n>` (broker_ext/claims.py)."""
 
 
 def consumer_name(base_topic: str, instance_id: str) -> str:
@@ -33,3 +42,14 @@ def instance_of(name: str) -> str:
     if sep and len(prefix) == 8 and all(c in "0123456789abcdef" for c in prefix):
         return rest
     return name
+
+
+def owner_of(admin: PulsarAdmin, topic: str, namespace: str | None = None) -> str:
+    """The instance that owns a (non-partitioned, or partition) topic as Pulsar shows it now, "" for none: by claim,
+    the holder of the companion topic's exclusive producer; else the active consumer of `__wm_generator`."""
+    base = topic.split("-partition-")[0]
+    for publisher in admin.topic_stats(watermark_topic_for(base, namespace)).get("publishers") or []:
+        if publisher.get("accessMode") in ("WaitForExclusive", "Exclusive", "ExclusiveWithFencing"):
+            return str(publisher.get("producerName", "")).removeprefix(CLAIM_PRODUCER_PREFIX).rsplit("-", 1)[0]
+    stats = admin.topic_stats(topic).get("subscriptions", {}).get(GENERATOR_SUBSCRIPTION, {})
+    return instance_of(str(stats.get("activeConsumerName") or ""))

@@ -14,13 +14,7 @@ from consumer import Watermark, WatermarkConsumer, WatermarkListener
 from producer import WatermarkProducer
 from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.topics import watermark_topic_for
-from watermark_core.protocol import (
-    EVENT_PROPERTY,
-    GENERATOR_SUBSCRIPTION,
-    MARKER_PROPERTY,
-    SEND_WATERMARK,
-    decode_table,
-)
+from watermark_core.protocol import EVENT_PROPERTY, MARKER_PROPERTY, SEND_WATERMARK, decode_table
 
 MALFORMED: list[tuple[dict[str, str], bytes, str]] = [
     ({MARKER_PROPERTY: "W_SET"}, b"\xc1not msgpack", "bad-msgpack"),
@@ -139,18 +133,6 @@ def wait_until(predicate: Callable[[], object], timeout_s: float = 15.0, what: s
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def owning_instance(admin: PulsarAdmin, topic: str) -> str:
-    """The generator instance that owns a (non-partitioned) topic now, whichever way ownership goes: by claim, the
-    holder of the companion topic's exclusive producer (`__wm_dispatch-<instance>-<n>`); by Failover, the active
-    consumer of `__wm_generator` (named `<per-topic prefix>.<instance>`)."""
-    publishers = admin.topic_stats(watermark_topic_for(topic)).get("publishers") or []
-    for publisher in publishers:
-        if publisher.get("accessMode") in ("WaitForExclusive", "Exclusive", "ExclusiveWithFencing"):
-            return str(publisher.get("producerName", "")).removeprefix("__wm_dispatch-").rsplit("-", 1)[0]
-    stats = admin.topic_stats(topic)["subscriptions"].get(GENERATOR_SUBSCRIPTION, {})
-    return str(stats.get("activeConsumerName", "")).rsplit(".", 1)[-1]
 
 
 def backlog(admin: PulsarAdmin, topic: str, subscription: str) -> int:

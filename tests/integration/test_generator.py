@@ -17,6 +17,7 @@ import pulsar
 import pytest
 import requests
 
+from broker_ext.ownership import owner_of
 from consumer import WatermarkConsumer
 from devtools.local_cluster import free_port
 from producer import WatermarkProducer
@@ -27,7 +28,6 @@ from tests.integration.helpers import (
     MALFORMED,
     Recorder,
     backlog,
-    owning_instance,
     wait_until,
     watermark_table_reader,
     watermarks,
@@ -449,7 +449,7 @@ def test_two_generators_one_killed_the_other_takes_over(
         wait_until(lambda: watermarks(recorder) == [100], timeout_s=30, what="first watermark")
 
         def owner() -> str:
-            return owning_instance(admin, topic)
+            return owner_of(admin, topic)
 
         wait_until(lambda: owner() in gens, what="an owner")
         victim = owner()
