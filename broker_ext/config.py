@@ -46,7 +46,7 @@ class GeneratorConfig:
     broker, and the consumer only holds the partition (it receives nothing while a plugin reports the topic; where
     none does, it receives every message); "consumer", the generator's consumer receives every message. "plugin"
     needs `cursor_source` "auto"."""
-    ownership: str = "failover"
+    ownership: str = "claim"
     """How instances share the topics: "claim", the holder of a topic's companion producer in Pulsar's
     `WaitForExclusive` mode owns it (broker_ext/claims.py; no consumer per partition where a plugin hands the
     markers over); "failover", the active consumer of each partition's Failover subscription `__wm_generator`."""
@@ -157,8 +157,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how generator instances share the topics: 'claim', the one holding a topic's companion producer (in "
         "Pulsar's WaitForExclusive mode) owns it, with no consumer per partition where the broker plugin hands the "
         "markers over; 'failover', the active consumer of each partition's Failover subscription __wm_generator; "
-        "'auto' is 'failover' for now. Every instance of a deployment must use the same (env WM_OWNERSHIP; "
-        "docs/OPERATIONS.md)",
+        "'auto' is 'claim' where the plugin is the intake (--intake), else 'failover'. Every instance of a "
+        "deployment must use the same (env WM_OWNERSHIP; default auto; docs/OPERATIONS.md)",
     )  # fmt: skip
     parser.add_argument(
         "--metrics-port", type=int, default=int(_env("WM_METRICS_PORT", str(d.metrics_port))),
@@ -249,7 +249,7 @@ def from_arguments(args: argparse.Namespace) -> GeneratorConfig:
         stats_rate=args.stats_rate,
         cursor_source=args.cursor_source,
         intake=args.intake,
-        ownership="failover" if args.ownership == "auto" else args.ownership,
+        ownership=args.ownership if args.ownership != "auto" else "claim" if args.intake == "plugin" else "failover",
         metrics_port=args.metrics_port,
         instance_id=args.instance_id,
         watermark_namespace=watermark_namespace(args.watermark_namespace),

@@ -29,3 +29,16 @@ def test_the_intake_is_the_plugin_wherever_cursors_may_come_from_it(monkeypatch:
     assert serve_args().intake == "consumer"
     with pytest.raises(ValueError, match="--cursor-source"):
         serve_args("--intake", "plugin", "--cursor-source", "admin")
+
+
+def test_ownership_is_by_claim_wherever_the_plugin_is_the_intake(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 47: with no consumer per partition, a topic is owned by the holder of its companion producer; where
+    the consumer receives everything anyway, its Failover subscription decides as before."""
+    for name in ("WM_INTAKE", "WM_CURSOR_SOURCE", "WM_OWNERSHIP"):
+        monkeypatch.delenv(name, raising=False)
+    assert serve_args().ownership == "claim"
+    assert serve_args("--intake", "consumer").ownership == "failover"
+    assert serve_args("--cursor-source", "admin").ownership == "failover"
+    assert serve_args("--intake", "consumer", "--ownership", "claim").ownership == "claim"
+    monkeypatch.setenv("WM_OWNERSHIP", "failover")
+    assert serve_args().ownership == "failover"
