@@ -274,8 +274,9 @@ class PluginCursors:
         """Ask the broker's plugin for everything it keeps (a full answer, beside the long poll), for the topics
         that missed what it told; asked again while it fails."""
         if broker in self._refetching or self._stopping.is_set():
-            return
+            return  # one at a time: what misses items after it was asked for is asked for when it comes
         self._refetching.add(broker)
+        missing = set(self._waiting(broker))  # an answer serves only partitions ours (and missing) when asked for
 
         def work() -> None:
             try:
@@ -283,19 +284,17 @@ class PluginCursors:
             except AdminError as exc:
                 log.debug("asking %s for everything its plugin keeps failed: %s", broker, exc)
                 answer = None
-            self.loop.post(lambda: self._refetched(broker, answer))
+            self.loop.post(lambda: self._refetched(broker, answer, missing))
 
         self.pool.submit(work)
 
-    def _refetched(self, broker: str, answer: Mapping[str, Any] | None) -> None:
+    def _refetched(self, broker: str, answer: Mapping[str, Any] | None, missing: set[str]) -> None:
         self._refetching.discard(broker)
         if answer is None:
-            if any(self._pushed.get(t) is not None and self._pushed[t].broker == broker for t in self._missed):
-                again = time.time() + RETRY_MAX_S / 5
-                self.loop.call_at(again, ("plugin-refetch", broker), lambda: self._refetch(broker))
+            self._refetch_later(broker)
             return
         reported = answer.get("topics") or {}
-        for topic in [t for t, p in self._pushed.items() if p.broker == broker and t in self._missed]:
+        for topic in [t for t, p in self._pushed.items() if p.broker == broker and t in self._missed and t in missing]:
             partition = self._followed.get(topic)
             report = reported.get(topic)
             found = None if report is None else report.get("intake")
@@ -306,6 +305,25 @@ class PluginCursors:
             kept = self._missed.pop(topic)
             for told in (found, *kept):  # everything kept, then what the polls told meanwhile (the engine skips
                 self._hand(partition, told)  # what it has)
+        if any(t not in missing for t in self._waiting(broker)):
+            self._refetch(broker)  # partitions that became ours after that request left
+        else:
+            self._refetch_later(broker)
+
+    def _waiting(self, broker: str) -> list[str]:
+        """Partitions of ours on this broker that still miss what its plugin told."""
+        return [
+            t for t in self._missed
+            if (p := self._pushed.get(t)) is not None and p.broker == broker
+            and (f := self._followed.get(t)) is not None and f.ours(p.owner)
+        ]  # fmt: skip
+
+    def _refetch_later(self, broker: str) -> None:
+        """Ask again in a while where partitions of ours still miss what was told (the request failed, or the
+        plugin had not read them yet)."""
+        if self._waiting(broker):
+            again = time.time() + RETRY_MAX_S / 5
+            self.loop.call_at(again, ("plugin-refetch", broker), lambda: self._refetch(broker))
 
     def _forget(self, broker: str, topics: list[str]) -> None:
         """The broker no longer serves these topics (moved, unloaded, deleted, or it went away): admin reads

@@ -257,9 +257,14 @@ def _refetching(cursors: PluginCursors) -> list[Any]:
     return asked
 
 
+def _answering(cursors: PluginCursors, topics: dict[str, Any]) -> None:
+    """The plugin's answer to an ask for everything it keeps."""
+    answer = {"epoch": "x", "seq": 9, "full": True, "topics": topics}
+    cursors.admin = cast(Any, SimpleNamespace(plugin_changes=lambda *a, **k: answer))
+
+
 def _answer_refetch(cursors: PluginCursors, asked: list[Any], topics: dict[str, Any]) -> None:
-    cursors.admin = cast(Any, SimpleNamespace(plugin_changes=lambda *a, **k: {"epoch": "x", "seq": 9, "full": True,
-                                                                             "topics": topics}))  # fmt: skip
+    _answering(cursors, topics)
     for work in asked:
         work()
     asked.clear()
@@ -335,3 +340,30 @@ def test_the_generators_cursor_moves_through_the_plugin_that_reports_the_topic_o
     for work in submitted:
         work()
     assert sent == [(B1, {T0: (5, 3)})]
+
+
+def test_a_partition_that_becomes_ours_while_all_kept_is_being_asked_for_waits_for_an_answer_asked_after() -> None:
+    """The answer in flight was made before the partition became ours: what was told between it and the claim
+    went to nobody, so that partition is handed the next answer, asked for when the first one comes."""
+    cursors, first, second = _cursors(), _partition(T0), _partition(T0 + "-2")
+    cursors.intake = True
+    asked = _refetching(cursors)
+    handed: dict[str, list[Any]] = {T0: [], T0 + "-2": []}
+    for partition in (first, second):
+        partition.intake = handed[partition.topic].append
+        partition.owner, partition.claimed = False, False
+        cursors.add(partition)
+    found = {"found": [{"data": [5, 3, -1], "producers": {"a": [2, 7]}}], "scannedTo": [5, 3], "overflowed": False}
+    topics = {t: {**_report(3, owner=None), "intake": found} for t in handed}
+    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": topics, "gone": []})
+    first.claimed = True
+    assert cursors.claimed(first) and len(asked) == 1
+    in_flight = asked.pop()
+    second.claimed = True
+    assert cursors.claimed(second) and asked == []  # one request per broker at a time
+    _answering(cursors, topics)
+    in_flight()
+    _run_posted(cursors)
+    assert len(handed[T0]) == 1 and handed[T0 + "-2"] == [] and len(asked) == 1  # asked again, for the second
+    _answer_refetch(cursors, asked, topics)
+    assert len(handed[T0]) == 1 and len(handed[T0 + "-2"]) == 1
