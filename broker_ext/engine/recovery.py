@@ -155,11 +155,13 @@ class SnapshotCatalog:
             self._walked = self._walked[::2]
 
     def forget_walked_through(self, ledger: int) -> None:
-        """Drop the kept walked snapshots stating positions in `ledger` or before: it was deleted (the ones
-        before it too: Pulsar deletes the oldest ledgers), so a fold from them is refused. Without them the
-        next rebuild walks the chain again and finds the snapshot at the start of a ledger that is left
-        (it may have been thinned away)."""
+        """Drop the snapshots known stating positions in `ledger` or before: it was deleted (the ones before it
+        too: Pulsar deletes the oldest ledgers), so a fold from them is refused. Without them the next rebuild
+        walks the chain again and finds the snapshot at the start of a ledger that is left (it may have been
+        thinned away). Those kept as the latest go too: an engine that took the partition over again after a
+        deletion may still know them from its earlier ownership."""
         self._walked = [s for s in self._walked if s.at[0] > ledger]
+        self._by_at = [s for s in self._by_at if s.at[0] > ledger]
 
     def previous_for_next(self) -> Position | None:
         """The `previous` of the next snapshot written: the latest one in the log that we know of."""

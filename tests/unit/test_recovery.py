@@ -56,3 +56,23 @@ def test_a_fold_from_the_start_that_begins_after_what_we_read_earlier_has_lost_h
     assert not history_deleted(BEFORE_EVERYTHING, position_of(148, 0), earliest_read)
     assert not history_deleted(BEFORE_EVERYTHING, position_of(140, 3), earliest_read)
     assert not history_deleted(position_of(169, 10), position_of(169, 11), earliest_read)  # not from the start
+
+
+def test_a_deleted_ledgers_snapshots_known_from_an_earlier_ownership_give_way_to_the_chain() -> None:
+    """Found in the suite with ownership by claim: an engine that followed ledger 521, lost the topic and took it
+    over again after Pulsar deleted 521 still knew 521's snapshots; a rebuild at (632, 0) chose one of them (the
+    nearest before the target), was refused (ledger deleted) and chose it again, forever. Once a rebuild from a
+    ledger is refused as deleted, no snapshot stating a position in it or before is used again: the chain is
+    walked back from the earliest snapshot left, to the start of ledger 632."""
+    from broker_ext.engine.recovery import ReadSnapshotAt, SnapshotCatalog
+    from watermark_core.snapshot import Snapshot
+
+    catalog = SnapshotCatalog()
+    old = Snapshot(WatermarkState(position=(521, 4, -1), watermark=1_000), message=(521, 5, -1), previous=None)
+    latest = Snapshot(WatermarkState(position=(632, 6, -1), watermark=1_000), message=(632, 7, -1),
+                      previous=(632, 2, -1))  # fmt: skip
+    catalog.add(old)
+    catalog.add(latest)
+    assert catalog.nearest((632, 0, -1)) == old
+    catalog.forget_walked_through(521)  # the rebuild from `old` was refused: ledger 521 is gone
+    assert catalog.nearest((632, 0, -1)) == ReadSnapshotAt((632, 2, -1))
