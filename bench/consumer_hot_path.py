@@ -18,6 +18,12 @@ valgrind, at two sizes, and take the difference per message (issue 34, session 1
 (the "Collected" line; building the stand-in messages is in both, about 19 500 instructions a message).
 `floor` is bench/client_throughput.py's position floor (issue 48) over the same stand-in: the plain receive, the
 marker property, `message_id()` with its three getters, one comparison, acknowledge; not a correct consumer.
+
+The stand-in's messages are not the binding's (their accessors are slots holding bound calls), so the consumer calls
+them by name (`operator.methodcaller`), where a real binding's are called unbound: the stand-in cannot show what that
+buys, nor what keeping the binding's message ids costs on a broker. docs/DECISIONS.md ("Session 26") counts the pull
+path on the broker instead: one drain under callgrind with `--collect-atstart=no --toggle-collect=builtin_sum`, the
+drain run inside `sum(map(step, range(n)))`.
 """
 
 from __future__ import annotations
