@@ -15,7 +15,10 @@ by a hash of the topic and their names (rendezvous hashing), the first asks at o
 HOLD_OFF_S` later, so the topics spread evenly over instances that start together, and the next in rank is the
 standby (its request is next in Pulsar's queue). With several brokers, an instance asks at once for the topics
 of its own broker (the first of its admin URLs), so with one generator per broker each tends to own its
-broker's topics. An instance that joins later owns nothing until an owner goes: there is no rebalancing.
+broker's topics. Each member's producer carries what it follows (its properties), so an instance ranks only
+among those that follow the topic; an owner that is not first in rank hands the topic over (releases its claim
+and asks again after its hold-off) once the first has been a member for `REBALANCE_AFTER_S`, so an instance
+that joins later gets its share.
 
 Runs on the event loop's thread; the client's answers are posted to it. No consumer and no timer per topic:
 one check of every held producer every `CHECK_S`, and a request waiting in Pulsar's queue costs nothing
@@ -25,6 +28,7 @@ until it is granted (the claims' client waits up to `WAIT_S` before asking again
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import time
@@ -56,14 +60,44 @@ MEMBER_PREFIX = "__wm_member-"
 MEMBERS_EVERY_S = 5.0
 STARTUP_S = 2.0
 """Nothing is claimed in an instance's first seconds: instances started together see each other first."""
+REBALANCE_AFTER_S = 15.0
+"""An owner hands a topic over to the instance first in rank once that one has been a member this long, and the
+claim has been held this long (no handing back and forth while instances start)."""
+
+
+@dataclass(frozen=True)
+class Follows:
+    """What a generator instance follows: namespaces (`tenant/ns`) and base topics (full names)."""
+
+    namespaces: frozenset[str] = frozenset()
+    topics: frozenset[str] = frozenset()
+
+    def __contains__(self, base_topic: str) -> bool:
+        namespace = "/".join(base_topic.split("://", 1)[-1].split("/")[:2])
+        return namespace in self.namespaces or base_topic in self.topics
+
+    def properties(self) -> dict[str, str]:
+        return {"namespaces": ",".join(sorted(self.namespaces)), "topics": ",".join(sorted(self.topics))}
+
+    @classmethod
+    def of(cls, properties: dict[str, str]) -> Follows:
+        def split(value: str) -> frozenset[str]:
+            return frozenset(part for part in value.split(",") if part)
+
+        return cls(split(properties.get("namespaces", "")), split(properties.get("topics", "")))
 
 
 def rank(base_topic: str, instance_id: str, members: set[str]) -> int:
     """Where `instance_id` stands among `members` for `base_topic` (0: asks first), by rendezvous hashing."""
+    return ranked(base_topic, members | {instance_id}).index(instance_id)
+
+
+def ranked(base_topic: str, members: set[str]) -> list[str]:
+    """`members` in the order they ask for `base_topic`'s claim."""
     def weight(member: str) -> bytes:
         return hashlib.blake2b(f"{base_topic}\x00{member}".encode(), digest_size=8).digest()
 
-    return sorted(members | {instance_id}, key=weight).index(instance_id)
+    return sorted(members, key=weight)
 
 
 @dataclass
@@ -76,6 +110,9 @@ class Claim:
     """The granted producer (the dispatcher sends the topic's tables on it)."""
     asking: int = 0
     """The request in flight (a counter: an answer to an earlier one is stale), 0: none."""
+    home: bool = False
+    """Served by this instance's own broker (of several): it keeps the topic whatever the rank."""
+    held_since: float = 0.0
 
 
 class Claims:
@@ -85,6 +122,7 @@ class Claims:
         self, client: pulsar.Client, loop: EventLoop, instance_id: str, namespace: str | None,
         gained: Callable[[str, pulsar.Producer], None], lost: Callable[[str], None],
         admin: PulsarAdmin | None = None, pool: Executor | None = None, members_client: pulsar.Client | None = None,
+        follows: Follows = Follows(),
     ) -> None:  # fmt: skip
         self._client = client
         self._loop = loop
@@ -101,8 +139,12 @@ class Claims:
         self._pool = pool
         self._members_client = members_client or client
         """Holds this instance's member producer (a client with a short operation timeout: the pool's thread waits)."""
-        self._members: set[str] = set()
-        """The instances with a producer on the members topic, as read last (loop thread)."""
+        self._follows = follows
+        self._members: dict[str, Follows] = {}
+        """The other instances with a producer on the members topic and what each follows, as read last (loop
+        thread)."""
+        self._joined: dict[str, float] = {}
+        """When each member was first seen."""
         self._member: pulsar.Producer | None = None
         self._ready_at = time.time() + STARTUP_S
         self._members_topic = f"persistent://{watermark_namespace(namespace)}/{MEMBERS_TOPIC}"
@@ -118,7 +160,8 @@ class Claims:
         if self._member is None:
             name = f"{MEMBER_PREFIX}{self._instance_id}"
             try:
-                self._member = self._members_client.create_producer(self._members_topic, producer_name=name)
+                self._member = self._members_client.create_producer(self._members_topic, producer_name=name,
+                                                                    properties=self._follows.properties())  # fmt: skip
             except Exception as exc:  # ranked as if alone meanwhile: it asks for every topic at once
                 log.warning("joining the generators on %s failed (%s); trying again in %.0f s",
                             self._members_topic, exc, MEMBERS_EVERY_S)  # fmt: skip
@@ -127,8 +170,11 @@ class Claims:
         except AdminError as exc:
             log.debug("reading the generators on %s failed: %s", self._members_topic, exc)
         else:
-            names = {str(p.get("producerName", "")) for p in publishers}
-            members = {n.removeprefix(MEMBER_PREFIX) for n in names if n.startswith(MEMBER_PREFIX)}
+            members = {
+                str(p["producerName"]).removeprefix(MEMBER_PREFIX): Follows.of(dict(p.get("metadata") or {}))
+                for p in publishers if str(p.get("producerName", "")).startswith(MEMBER_PREFIX)
+            }  # fmt: skip
+            members.pop(self._instance_id, None)
             self._loop.post(lambda: self._members_read(members))
         self._loop.post(lambda: self._loop.call_at(time.time() + MEMBERS_EVERY_S, ("claims", "members"),
                                                    self._read_members_later))  # fmt: skip
@@ -137,10 +183,32 @@ class Claims:
         if self._pool is not None:
             self._pool.submit(self._read_members)
 
-    def _members_read(self, members: set[str]) -> None:
-        if members != self._members:
-            log.info("generators: %s", ", ".join(sorted(members | {self._instance_id})))
+    def _members_read(self, members: dict[str, Follows]) -> None:
+        if members.keys() != self._members.keys():
+            log.info("generators: %s", ", ".join(sorted({*members, self._instance_id})))
+        now = time.time()
+        self._joined = {m: self._joined.get(m, now) for m in members}
         self._members = members
+        self._hand_over_where_not_first(now)
+
+    def _rank(self, base_topic: str) -> list[str]:
+        """The instances following `base_topic` (this one too), in the order they ask for its claim."""
+        return ranked(base_topic, {m for m, f in self._members.items() if base_topic in f} | {self._instance_id})
+
+    def _hand_over_where_not_first(self, now: float) -> None:
+        """Release the held claims whose first in rank is another instance, a member long enough to follow the
+        topic (it asked at once): Pulsar grants it the claim; we ask again after our hold-off, as its standby."""
+        for claim in list(self._claims.values()):
+            if claim.producer is None or claim.home or now - claim.held_since < REBALANCE_AFTER_S:
+                continue
+            order = self._rank(claim.base_topic)
+            first = order[0]
+            if first == self._instance_id or now - self._joined.get(first, now) < REBALANCE_AFTER_S:
+                continue
+            log.info("%s: handing the topic over to generator %s (first in rank)", claim.base_topic, first)
+            self._release(claim)
+            later = now + order.index(self._instance_id) * HOLD_OFF_S
+            self._loop.call_at(later, ("claim", claim.base_topic), functools.partial(self._ask, claim))
 
     def held(self, base_topic: str) -> pulsar.Producer | None:
         """The topic's granted companion producer, or None."""
@@ -152,7 +220,8 @@ class Claims:
         broker, of several), else after its rank's hold-off (and never in the instance's first `STARTUP_S`)."""
         if base_topic in self._claims:
             return
-        claim = self._claims[base_topic] = Claim(base_topic, watermark_topic_for(base_topic, self._namespace))
+        claim = Claim(base_topic, watermark_topic_for(base_topic, self._namespace), home=home)
+        self._claims[base_topic] = claim
         now = time.time()
         if now < self._ready_at:
             self._loop.call_at(self._ready_at, ("claim", base_topic), lambda: self._after_rank(claim, home))
@@ -163,7 +232,7 @@ class Claims:
             self._loop.call_at(time.time() + CHECK_S, ("claims", "check"), self._check)
 
     def _after_rank(self, claim: Claim, home: bool) -> None:
-        place = 0 if home else rank(claim.base_topic, self._instance_id, self._members)
+        place = 0 if home else self._rank(claim.base_topic).index(self._instance_id)
         if place == 0:
             self._ask(claim)
         else:
@@ -235,6 +304,7 @@ class Claims:
             with contextlib.suppress(Exception):
                 producer.close_async(lambda _result: None)
             return
+        claim.held_since = time.time()
         claim.producer = wrapped = pulsar.Producer()  # as `pulsar.Client.create_producer` wraps the binding's
         wrapped._producer, wrapped._schema = producer, pulsar.schema.BytesSchema()
         wrapped._client = self._client._client

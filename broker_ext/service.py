@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pulsar
 
-from broker_ext.claims import WAIT_S, Claims
+from broker_ext.claims import WAIT_S, Claims, Follows
 from broker_ext.config import GeneratorConfig, warn_about_snapshot_key
 from broker_ext.dispatch import WatermarkDispatcher
 from broker_ext.intake.admin_polling import CursorPoller
@@ -87,6 +87,7 @@ class GeneratorService:
                 self.settings.client(operation_timeout_seconds=WAIT_S), self.loop, config.instance_id,
                 config.watermark_namespace, gained=self._claim_gained, lost=self._claim_lost, admin=self.admin,
                 pool=self.admin_pool, members_client=self.client,
+                follows=Follows(frozenset(config.namespaces), frozenset(full_name(t) for t in config.topics)),
             )  # fmt: skip
         self.poller = CursorPoller(
             self.loop, self.admin, self.admin_pool, poll_interval_s=config.poll_interval_s,
