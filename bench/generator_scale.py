@@ -256,8 +256,8 @@ def run(settings: PulsarSettings, log_dir: Path) -> dict[str, float | int | str]
         f"an acknowledging consumer each; from the acknowledgement to the value at the consumer's WatermarkFeed; "
         f"{CADENCE_S:.0f} s, the first {CADENCE_WARMUP_S:.0f} s left out; {samples} samples",
         "generator_ownership_max_share_3_instances_how": f"300 non-partitioned topics, 3 generator instances, after "
-        f"{OWNERSHIP_SETTLE_S:.0f} s: the largest count of __wm_generator active consumers of one instance over 300 "
-        f"({owners})",
+        f"{OWNERSHIP_SETTLE_S:.0f} s: the largest count of topics one instance owns (broker_ext/ownership.py owner_of: "
+        f"the claim's holder, or the Failover active consumer) over 300 ({owners})",
     })  # fmt: skip
     return figures
 
