@@ -104,7 +104,8 @@ def test_the_pulsar_client_drops_the_entries_up_to_its_seek_target_when_the_subs
     admin.reset_cursor(topic, "plain", ids[20])
     assert receive_until_m39()[0] == b"m31", "m20..m30 came again and the client dropped them"
     time.sleep(2.0)  # acknowledgements are grouped (100 ms)
-    assert admin.mark_delete_position(topic, "plain") == (ids[19].ledger_id(), ids[19].entry_id())
+    # just before m20 (the session's generator may have written a record of its own between m19 and m20)
+    assert admin.mark_delete_position(topic, "plain") == (ids[20].ledger_id(), ids[20].entry_id() - 1)
     consumer.close()
     producer.close()
 
