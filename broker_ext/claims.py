@@ -41,6 +41,7 @@ import _pulsar
 import pulsar
 
 from broker_ext.loop import EventLoop
+from broker_ext.ownership import CLAIM_PRODUCER_PREFIX
 from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.topics import watermark_namespace, watermark_topic_for
 
@@ -274,7 +275,7 @@ class Claims:
         claim.asking = attempt = self._requests
         conf = _pulsar.ProducerConfiguration()
         conf.batching_enabled(False)
-        conf.producer_name(f"__wm_dispatch-{self._instance_id}-{attempt}")
+        conf.producer_name(f"{CLAIM_PRODUCER_PREFIX}{self._instance_id}-{attempt}")
         conf.access_mode(pulsar.ProducerAccessMode.WaitForExclusive)
         post = self._loop.post
 

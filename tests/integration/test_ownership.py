@@ -11,6 +11,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
+from broker_ext.ownership import owner_of
 from consumer import WatermarkConsumer
 from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
@@ -26,12 +27,9 @@ pytestmark = pytest.mark.integration
 
 def _claimant(admin: PulsarAdmin, topic: str) -> tuple[str, str] | None:
     """The instance holding the topic's companion producer, and that producer's access mode."""
-    publishers = admin.topic_stats(watermark_topic_for(topic))["publishers"]
-    held = [p for p in publishers if p.get("accessMode") != "WaitForExclusive" or len(publishers) == 1]
-    if not held:
-        return None
-    name = str(held[0].get("producerName", ""))  # __wm_dispatch-<instance>-<n>
-    return name.removeprefix("__wm_dispatch-").rsplit("-", 1)[0], str(held[0].get("accessMode"))
+    owner = owner_of(admin, topic)
+    modes = [p.get("accessMode") for p in admin.topic_stats(watermark_topic_for(topic))["publishers"]]
+    return (owner, str(modes[0])) if owner and modes else None
 
 
 def test_two_claiming_generators_one_killed_the_standby_takes_over_and_pulsar_fences_the_companion(
