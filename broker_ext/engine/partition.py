@@ -218,6 +218,8 @@ class PartitionEngine:
         self.phase: Phase = Unowned()
         self.catalog = SnapshotCatalog()
         self.earliest_read: Position | None = None
+        self.first_ledger: int | None = None
+        """The partition's oldest ledger in the latest cursor answer that listed its ledgers."""
         """The earliest entry ever delivered to us; entries before it may be deleted since."""
         self._rebuild: Rebuild | None = None
         self._requests = 0
@@ -355,6 +357,8 @@ class PartitionEngine:
             out.append(Restart(reason))
             return
         self.created = polled.created or self.created
+        if polled.ledgers:
+            self.first_ledger = min(ledger for ledger, _ in polled.ledgers)
         self._created_in_last_answer = bool(polled.created)
         if isinstance(phase, AwaitingCursor):
             phase.polled = polled
@@ -802,8 +806,18 @@ class PartitionEngine:
         state, at = rebuild.start
         if at >= rebuild.stop:
             self._finish(rebuild, state, at, out, now)
+        elif at == BEFORE_EVERYTHING and self._nothing_before(rebuild.stop):
+            self._finish(rebuild, state, rebuild.stop, out, now)  # what a read would have found: no entry
         else:
             out.append(ReadRange(rebuild.request, at, rebuild.stop))
+
+    def _nothing_before(self, stop: Position) -> bool:
+        """Whether the partition has no entry at or before `stop`, as the latest ledger list says (a fresh topic's
+        take-over: its first entry delivered is its oldest ledger's first), and none was ever read there."""
+        return (
+            self.first_ledger is not None and stop <= ledger_start(self.first_ledger)
+            and (self.earliest_read is None or self.earliest_read > stop)
+        )  # fmt: skip
 
     def _marker_fetched(self, fetched: MarkerFetched, now: float, out: list[Command]) -> None:
         rebuild = self._rebuild

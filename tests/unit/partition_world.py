@@ -85,9 +85,11 @@ class World:
     incarnation: str | None = None
     """The topic property `wm.incarnation` (deleted with the topic, `recreate`)."""
     may_claim: bool = True
+    """False: the broker refuses to set topic properties (the generator's role is no tenant admin)."""
     created: int = 0
     """When the topic was created, as the broker plugin reports it (0: unknown, as through the admin API)."""
-    """False: the broker refuses to set topic properties (the generator's role is no tenant admin)."""
+    list_ledgers: bool = True
+    """False: cursor answers list no ledgers."""
     restarts: list[Restart] = field(default_factory=list)
     _queue: deque[tuple[PartitionEngine, Event]] = field(default_factory=deque)
 
@@ -194,6 +196,8 @@ class World:
 
     def polled(self) -> CursorsPolled:
         ledgers = tuple((ledger, len(entries)) for ledger, entries in sorted(self.ledgers.items()))
+        if not self.list_ledgers:
+            ledgers = ()
         return CursorsPolled(
             dict(self.subscriptions), self.generator_cursor, self.last_confirmed(), ledgers, created=self.created
         )

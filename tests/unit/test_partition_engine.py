@@ -75,17 +75,28 @@ def test_the_first_entry_delivered_makes_the_engine_the_owner_and_it_asks_for_th
     assert isinstance(engine.phase, Following)
 
 
-def test_no_snapshot_yet_folds_the_partition_before_the_first_entry_delivered() -> None:
-    """Mirrors test_generator's first test: a fresh topic, the first owner reads from its start."""
+def test_no_snapshot_yet_and_the_first_entry_the_oldest_ledgers_first_nothing_before_it_is_read() -> None:
+    """Mirrors test_generator's first test: a fresh topic. Its first entry delivered is its oldest ledger's
+    first, so the state before it is the initial one: no reader per partition to learn that (bench scale's
+    take-over spent 4 s of 1000 partitions' on such reads)."""
     world = World()
     world.w_set("B", 50)
     world.w_set("A", 100)
     engine = first_owner(world)
-    assert of(world, ReadRange)[0].start == BEFORE_EVERYTHING
+    assert of(world, ReadRange) == [] and of(world, ReadMarkerAt) == []
     assert following(engine).head.watermark == 50
     ack_all(world, "fast")
     world.settle()
     assert world.latest("fast") is not None and world.latest("fast").event_time == 50  # type: ignore[union-attr]
+
+
+def test_with_the_ledgers_unknown_the_state_before_the_first_entry_is_read_from_the_start() -> None:
+    """A cursor answer that lists no ledgers proves nothing about what precedes the first entry: it is read."""
+    world = World(list_ledgers=False)
+    world.w_set("A", 100)
+    engine = first_owner(world)
+    assert of(world, ReadRange)[0].start == BEFORE_EVERYTHING
+    assert following(engine).head.watermark == 100
 
 
 def test_a_new_owner_restores_from_the_snapshot_at_the_generators_cursor_without_reading_the_log() -> None:
@@ -614,8 +625,9 @@ def test_a_subscription_that_never_acknowledges_does_not_pin_the_marker_log() ->
     ack_all(world, "live")
     world.settle()
     sizes = []
+    positions = {}
     for t in range(2, 80):
-        world.w_set("A", t)
+        positions[t] = world.w_set("A", t)
         if t % 10 == 0:
             world.roll()
         ack_all(world, "live")
@@ -624,9 +636,10 @@ def test_a_subscription_that_never_acknowledges_does_not_pin_the_marker_log() ->
     assert max(sizes) <= 10 + 4 + 1, sizes  # the limit, plus what comes in between two snapshots
     assert world.latest_table_holds("live").event_time == 79  # type: ignore[union-attr]
     assert world.latest_table_holds("abandoned").event_time == 1  # type: ignore[union-attr]
-    ack_all(world, "abandoned")  # it comes back: rebuilt from the snapshots, exact
+    world.commands.clear()
+    ack(world, "abandoned", positions[40])  # it comes back, to a position the log no longer holds: rebuilt, exact
     world.settle()
-    assert world.latest_table_holds("abandoned").event_time == 79  # type: ignore[union-attr]
+    assert world.latest_table_holds("abandoned").event_time == 40  # type: ignore[union-attr]
     assert of(world, ReadMarkerAt) or of(world, ReadRange)
 
 
@@ -771,7 +784,7 @@ def test_a_partitions_table_names_its_base_topic_and_index() -> None:
 
 
 def test_results_of_an_abandoned_rebuild_are_ignored() -> None:
-    world = World()
+    world = World(list_ledgers=False)  # else a fresh topic's take-over needs no read
     world.w_set("A", 100)
     engine = world.engine()
     world.hold = {ReadRange}
