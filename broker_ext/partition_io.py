@@ -80,6 +80,8 @@ log = logging.getLogger(__name__)
 
 RECEIVER_QUEUE = 1_000
 INCARNATION_RETRY_S = 1.0
+TOLD_INCARNATION_S = 30.0
+"""How long the property a plugin told stands in for a read of it (a topic re-created since would show it)."""
 INTAKE_STALL_S = 10.0
 """With the plugin's intake, entries the engine has not read for this long (the plugin's reading stalled): the
 consumer receives them instead (logged)."""
@@ -153,7 +155,9 @@ class PartitionIO:
         self.claimed = False
         """By claim: this instance holds the topic's claim, so the partition is ours to follow."""
         self._subscription_made = False
-        """By claim: `__wm_generator` exists (made by the admin API where no plugin reported the partition yet)."""
+        """By claim: `__wm_generator` exists (made by a plugin or the admin API where none reported the partition)."""
+        self._told_incarnation: tuple[str, float] | None = None
+        """The topic property `wm.incarnation` a plugin told as it made the subscription, and when (monotonic)."""
         self._lagging_since: float | None = None
         """Since when the engine's head has been behind the partition's last entry (`ReadLag`)."""
         self._labels = labels = (self.base_topic, str(self.partition))
@@ -257,7 +261,8 @@ class PartitionIO:
         if self.ctx.by_claim and not (self.claimed and not self._intake):
             if not self._subscription_made and not self.ctx.poller.reports(self):
                 self.subscribing = True
-                self.ctx.pool.submit(self._make_subscription)
+                if not self.ctx.poller.follow(self, self.engine.config.new_incarnation()):
+                    self.ctx.pool.submit(self._make_subscription)
             return
         self.subscribing = True
         self.ctx.pool.submit(self._subscribe)
@@ -274,6 +279,17 @@ class PartitionIO:
     def _subscription_exists(self) -> None:
         self.subscribing = False
         self._subscription_made = True
+
+    def followed(self, incarnation: str | None) -> None:
+        """A broker's plugin made `__wm_generator` (`incarnation`: the topic property in place), or none could
+        (None): the admin API makes it. The token answers the engine's next read of the property, if soon."""
+        if self.closed:
+            return
+        if incarnation is None:
+            self.ctx.pool.submit(self._make_subscription)
+            return
+        self._told_incarnation = (incarnation, time.monotonic())
+        self._subscription_exists()
 
     def _subscribe(self) -> None:
         try:
@@ -450,7 +466,7 @@ class PartitionIO:
         elif isinstance(command, ReadMarkerAt):
             self._read(lambda: read_marker_at(self.ctx.client, self.topic, command))
         elif isinstance(command, ReadIncarnation):
-            self.ctx.pool.submit(self._read_incarnation)
+            self._answer_incarnation()
         elif isinstance(command, ClaimIncarnation):
             log.debug("%s: setting the topic property %s to %s", self.topic, INCARNATION_PROPERTY, command.token)
             self.ctx.pool.submit(self._claim_incarnation, command.token)
@@ -466,6 +482,16 @@ class PartitionIO:
             self.ctx.metrics.forget_subscription(self.base_topic, self.partition, command.name)
         elif isinstance(command, RebuildRefused):
             pass  # the engine logged it; the chaos suite keeps evidence of it
+
+    def _answer_incarnation(self) -> None:
+        """From what a plugin told as it made the subscription, within `TOLD_INCARNATION_S` and once (a take-over
+        of a fresh topic: no admin call); else read through the admin API."""
+        told, self._told_incarnation = self._told_incarnation, None
+        if told is not None and time.monotonic() - told[1] < TOLD_INCARNATION_S:
+            token = told[0]
+            self.ctx.loop.post(lambda: self.handle(IncarnationRead(token)))
+        else:
+            self.ctx.pool.submit(self._read_incarnation)
 
     def _read_incarnation(self) -> None:
         """The topic property naming the incarnation (on the pool); read again later while the broker is away."""
@@ -525,8 +551,10 @@ class PartitionIO:
         since more markers of that batch may follow; the plugin moves the cursor inside its broker then)."""
         anchor, self._anchor = self._anchor, None
         target = None if anchor is None or anchor[0] != position else anchor[1] or _up_to(self.partition, position)
-        if target is not None and self._intake and self.ctx.poller.acknowledge(
-            self, (target.ledger_id(), target.entry_id())
+        if (
+            target is not None
+            and self._intake
+            and self.ctx.poller.acknowledge(self, (target.ledger_id(), target.entry_id()))
         ):
             return  # inside the broker, by the plugin that hands the entries over
         if target is None or self.consumer is None:

@@ -10,6 +10,7 @@ import http.client
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode, urljoin, urlsplit
 
@@ -43,8 +44,19 @@ class PluginMissing(AdminError):
     """The broker does not serve the watermark-cursors plugin (a broker without it answers 404)."""
 
 
+@dataclass(frozen=True)
+class PluginFollowed:
+    """A plugin's answer to `plugin_follow`: per topic the incarnation token in place, or another broker serves
+    it, or why it failed."""
+
+    incarnations: dict[str, str]
+    elsewhere: list[str]
+    failed: dict[str, str]
+
+
 PLUGIN_CHANGES_PATH = "/watermark-cursors/changes"
 PLUGIN_ACKNOWLEDGE_PATH = "/watermark-cursors/acknowledge"
+PLUGIN_FOLLOW_PATH = "/watermark-cursors/follow"
 
 
 class PulsarAdmin:
@@ -565,7 +577,21 @@ class PulsarAdmin:
         topic: "done", "elsewhere" (`broker` does not serve it) or "failed: ..."; raises `PluginMissing` where
         the broker does not serve the plugin or refuses the role."""
         body = "".join(f"{topic} {ledger} {entry}\n" for topic, (ledger, entry) in positions.items())
-        url = f"{broker}{PLUGIN_ACKNOWLEDGE_PATH}"
+        outcomes: dict[str, str] = self._plugin_post(broker, PLUGIN_ACKNOWLEDGE_PATH, body)
+        return outcomes
+
+    def plugin_follow(self, broker: str, tokens: Mapping[str, str]) -> PluginFollowed:
+        """Have `broker`'s plugin make each topic's `__wm_generator` subscription where missing and set its topic
+        property `wm.incarnation` to the token given where unset (docs/PROTOCOL.md section 10, "Following a
+        topic"): two admin calls per topic at a take-over, in one request. Raises `PluginMissing` where the broker
+        does not serve the plugin (or one older than this request) or refuses the role."""
+        body = "".join(f"{topic} {token}\n" for topic, token in tokens.items())
+        answer = self._plugin_post(broker, PLUGIN_FOLLOW_PATH, body)
+        return PluginFollowed(dict(answer.get("incarnations") or {}), list(answer.get("elsewhere") or []),
+                              dict(answer.get("failed") or {}))  # fmt: skip
+
+    def _plugin_post(self, broker: str, path: str, body: str) -> Any:
+        url = f"{broker}{path}"
         headers = {"Content-Type": "text/plain", "Accept": "application/json", **self.settings.admin_headers()}
         try:
             response = self._http.post(url, data=body.encode(), headers=headers, timeout=self.timeout_s)
@@ -577,8 +603,7 @@ class PulsarAdmin:
         if response.status_code >= 400:
             raise AdminError(f"{url} failed with {response.status_code}: {response.text.strip()[:300]}",
                              response.status_code)  # fmt: skip
-        outcomes: dict[str, str] = orjson.loads(response.content)
-        return outcomes
+        return orjson.loads(response.content)
 
     def broker_metrics(self, base_url: str | None = None) -> bytes:
         """The Prometheus text of one broker (`/metrics/`; default: the admin URL in use): every topic it serves,

@@ -360,6 +360,9 @@ class CursorPoller:
     def acknowledge(self, partition: Followed, position: tuple[int, int]) -> bool:
         return False  # through the admin API, the partition's consumer moves its cursor
 
+    def follow(self, partition: Followed, token: str) -> bool:
+        return False  # no plugin here: the admin API makes the subscription
+
     def request(self, partition: Followed) -> None:
         """Read the partition's cursors as soon as possible (batched with others of its topic)."""
         state = self._state(partition)

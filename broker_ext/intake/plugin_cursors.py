@@ -111,6 +111,9 @@ class PluginCursors:
         the polls tell of it until that answer comes is kept here, to be handed after it."""
         self._refetching: set[str] = set()
         """Brokers asked for everything they keep, the answer not in yet (loop thread)."""
+        self._follows: dict[str, tuple[Followed, str]] = {}
+        """Topic -> (partition, token offered) whose subscription a plugin is to make, sent at the end of the
+        loop's turn (loop thread)."""
         self._acks: dict[str, dict[str, tuple[int, int]]] = {}
         """Broker -> topic -> where its generator cursor moves, sent at the end of the loop's turn (loop thread)."""
         self._stopping = threading.Event()
@@ -181,6 +184,47 @@ class PluginCursors:
             self.loop.post(lambda: self._send_acks(pushed.broker))  # after this turn: one request for all of it
         batch[partition.topic] = max(position, batch.get(partition.topic, position))
         return True
+
+    def follow(self, partition: Followed, token: str) -> bool:
+        """Have a plugin make the partition's `__wm_generator` subscription and set its incarnation property to
+        `token` where unset (docs/PROTOCOL.md section 10, "Following a topic"); answered by `partition.followed`.
+        The partitions of a turn of the loop go in one request to each broker polled, as no one knows yet which
+        serves them. False where no plugin is polled (the admin API makes it)."""
+        if not self._brokers:
+            return False
+        if not self._follows:
+            self.loop.post(self._send_follows)  # after this turn: one request per broker for all of it
+        self._follows[partition.topic] = (partition, token)
+        return True
+
+    def _send_follows(self) -> None:
+        batch, self._follows = self._follows, {}
+        brokers = list(self._brokers)
+
+        def work() -> None:
+            found: dict[str, str] = {}
+            for broker in brokers:
+                wanted = {topic: token for topic, (_, token) in batch.items() if topic not in found}
+                if not wanted:
+                    break
+                try:
+                    answer = self.admin.plugin_follow(broker, wanted)
+                except AdminError as exc:  # a plugin older than this request too: the admin API makes them
+                    log.debug("following %d topics through the plugin on %s failed: %s", len(wanted), broker, exc)
+                    continue
+                self._count("plugin-follow")
+                found.update(answer.incarnations)
+                for topic, why in answer.failed.items():
+                    log.debug("%s: the plugin on %s could not follow it: %s", topic, broker, why)
+            self.loop.post(lambda: self._answer_follows(batch, found))
+
+        self.pool.submit(work)
+
+    @staticmethod
+    def _answer_follows(batch: Mapping[str, tuple[Followed, str]], found: Mapping[str, str]) -> None:
+        for topic, (partition, _) in batch.items():
+            if not partition.closed:
+                partition.followed(found.get(topic))
 
     def _send_acks(self, broker: str) -> None:
         batch = self._acks.pop(broker, None)
@@ -396,7 +440,11 @@ class PluginCursors:
         while not self._stopping.is_set():
             try:
                 answer = self.admin.plugin_changes(
-                    broker, epoch, seq, 0 if seq < 0 or not epoch else LONG_POLL_MS, self.namespaces,
+                    broker,
+                    epoch,
+                    seq,
+                    0 if seq < 0 or not epoch else LONG_POLL_MS,
+                    self.namespaces,
                     intake=self.intake,
                 )
             except PluginMissing as exc:

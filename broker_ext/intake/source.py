@@ -31,6 +31,11 @@ class Followed(Protocol):
 
     def named_owner(self, polled: CursorsPolled) -> None: ...
 
+    def followed(self, incarnation: str | None) -> None:
+        """A plugin made the partition's `__wm_generator` subscription (`CursorSource.follow`): `incarnation` is its
+        topic property `wm.incarnation` now; None where no plugin could (the admin API makes it)."""
+        ...
+
     def intake(self, report: IntakeReport | None) -> None:
         """What the plugin found on the partition since its last answer, or None once no plugin reports it (only
         while the generator asks for the intake)."""
@@ -61,6 +66,11 @@ class CursorSource(Protocol):
 
     def acknowledge(self, partition: Followed, position: tuple[int, int]) -> bool:
         """Move the partition's generator cursor to `position` without its consumer; False: the consumer must."""
+        ...
+
+    def follow(self, partition: Followed, token: str) -> bool:
+        """Have a broker's plugin make the partition's `__wm_generator` subscription and set its incarnation
+        property to `token` where unset, answered by `partition.followed`; False where none can be asked."""
         ...
 
     def reports(self, partition: Followed) -> bool:

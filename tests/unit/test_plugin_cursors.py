@@ -367,3 +367,40 @@ def test_a_partition_that_becomes_ours_while_all_kept_is_being_asked_for_waits_f
     assert len(handed[T0]) == 1 and handed[T0 + "-2"] == [] and len(asked) == 1  # asked again, for the second
     _answer_refetch(cursors, asked, topics)
     assert len(handed[T0]) == 1 and len(handed[T0 + "-2"]) == 1
+
+
+def test_subscriptions_to_make_go_to_every_polled_plugin_in_one_request_and_the_admin_api_makes_the_rest() -> None:
+    """Issue 47's take-over: making `__wm_generator` and setting the incarnation property took two admin calls per
+    partition (8 s of 1000 partitions' take-over). The partitions of a turn go to each polled broker's plugin in one
+    request; one that no plugin serves is told None (the admin API makes it), the others the token in place."""
+    from pulsar_access.admin import PluginFollowed
+
+    cursors, partition, other, away = _cursors(), _partition(), _partition(T0 + "-2"), _partition(T0 + "-3")
+    for p in (partition, other, away):
+        p.followed_with = []
+        p.followed = p.followed_with.append
+    sent: list[tuple[str, dict[str, str]]] = []
+
+    def plugin_follow(broker: str, tokens: dict[str, str]) -> PluginFollowed:
+        sent.append((broker, dict(tokens)))
+        if broker == B1:
+            return PluginFollowed({T0: "00000000000000aa"}, [T0 + "-2", T0 + "-3"], {})
+        return PluginFollowed({T0 + "-2": tokens[T0 + "-2"]}, [T0 + "-3"], {})
+
+    cursors.admin = cast(Any, SimpleNamespace(admin_bases=[B1], plugin_follow=plugin_follow))
+    submitted: list[Any] = []
+    cursors.pool = cast(Any, SimpleNamespace(submit=submitted.append))
+    assert not cursors.follow(partition, "0123456789abcdef")  # no plugin polled: the admin API makes it
+    cursors._brokers = {B1: cast(Any, None), B2: cast(Any, None)}
+    for p, token in ((partition, "0123456789abcdef"), (other, "1111111111111111"), (away, "2222222222222222")):
+        assert cursors.follow(p, token)
+    _run_posted(cursors)
+    for work in submitted:
+        work()
+    _run_posted(cursors)
+    assert sent == [
+        (B1, {T0: "0123456789abcdef", T0 + "-2": "1111111111111111", T0 + "-3": "2222222222222222"}),
+        (B2, {T0 + "-2": "1111111111111111", T0 + "-3": "2222222222222222"}),
+    ]
+    assert partition.followed_with == ["00000000000000aa"]  # set before: the token in place, not ours
+    assert other.followed_with == ["1111111111111111"] and away.followed_with == [None]

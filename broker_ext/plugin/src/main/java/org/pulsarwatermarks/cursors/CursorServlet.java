@@ -2,11 +2,14 @@ package org.pulsarwatermarks.cursors;
 
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Queue;
 import java.util.Set;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
@@ -20,6 +23,9 @@ import javax.servlet.AsyncListener;
 import javax.servlet.http.HttpServlet;
 import javax.servlet.http.HttpServletRequest;
 import javax.servlet.http.HttpServletResponse;
+import org.apache.bookkeeper.mledger.AsyncCallbacks;
+import org.apache.bookkeeper.mledger.ManagedLedger;
+import org.apache.bookkeeper.mledger.ManagedLedgerException;
 import org.apache.bookkeeper.mledger.Position;
 import org.apache.bookkeeper.mledger.PositionFactory;
 import org.apache.pulsar.broker.PulsarService;
@@ -63,11 +69,14 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
     /** A namespace a generator named in a long poll counts as followed this long after (several polls' time). */
     private static final long FOLLOWED_FOR_MS = 3 * MAX_WAIT_MS;
     private static final int MAX_FRESH_WAITING = 10_000;
+    /** How long a follow request waits for its subscriptions and properties before it answers what is done. */
+    private static final long FOLLOW_TIMEOUT_S = 30;
     private static final Logger log = LoggerFactory.getLogger(CursorServlet.class);
 
     private final CursorReport report = new CursorReport();
     private final FreshTopics fresh = new FreshTopics(System::currentTimeMillis, FOLLOWED_FOR_MS, MAX_FRESH_WAITING);
     private final Queue<Waiter> waiters = new ConcurrentLinkedQueue<>();
+    private final Map<String, CompletableFuture<String>> settingIncarnation = new ConcurrentHashMap<>();
     private final AtomicBoolean wakeAsked = new AtomicBoolean();
     private final ScheduledThreadPoolExecutor answers = answerThread();
     private long sweepIntervalMs = 2000;
@@ -264,8 +273,13 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
      */
     @Override
     protected void doPost(HttpServletRequest request, HttpServletResponse response) throws IOException {
+        if ("/follow".equals(request.getPathInfo())) {
+            follow(request, response);
+            return;
+        }
         if (!"/acknowledge".equals(request.getPathInfo())) {
-            response.sendError(HttpServletResponse.SC_NOT_FOUND, "POST " + BASE_PATH + "/acknowledge only");
+            response.sendError(HttpServletResponse.SC_NOT_FOUND,
+                    "POST " + BASE_PATH + "/acknowledge or " + BASE_PATH + "/follow only");
             return;
         }
         Map<String, TopicCursors.Position> wanted;
@@ -307,6 +321,89 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
             log.warn("watermark-cursors: moving the generator's cursor of {} to {} failed", topic, position, e);
             return "failed: " + e;
         }
+    }
+
+    /**
+     * {@code POST /watermark-cursors/follow} ({@link Follows}): a generator taking over topics has the plugin make
+     * each one's {@code __wm_generator} subscription and set its incarnation property where unset, all at once,
+     * instead of two admin calls per topic (1000 partitions took 8 s of admin calls). Allowed where it may consume,
+     * as the subscription is: the property is only ever set where unset, and every generator adopts the one in place.
+     */
+    private void follow(HttpServletRequest request, HttpServletResponse response) throws IOException {
+        Map<String, String> wanted;
+        try {
+            wanted = Follows.parse(new String(request.getInputStream().readAllBytes(), StandardCharsets.UTF_8));
+        } catch (IllegalArgumentException e) {
+            response.sendError(HttpServletResponse.SC_BAD_REQUEST, e.getMessage());
+            return;
+        }
+        Set<String> namespaces = new java.util.LinkedHashSet<>();
+        wanted.keySet().forEach(topic -> namespaces.add(Namespaces.namespaceOf(topic)));
+        if (view(request, response, namespaces, null) == null) {
+            return; // refused: it may not consume in one of them
+        }
+        Map<String, CompletableFuture<String>> pending = new LinkedHashMap<>();
+        List<String> elsewhere = new ArrayList<>();
+        wanted.forEach((topic, token) -> {
+            if (pulsar.getBrokerService().getTopicReference(topic).orElse(null) instanceof PersistentTopic served) {
+                pending.put(topic, followed(served, token));
+            } else {
+                elsewhere.add(topic);
+            }
+        });
+        try {
+            CompletableFuture.allOf(pending.values().toArray(new CompletableFuture<?>[0]))
+                    .get(FOLLOW_TIMEOUT_S, TimeUnit.SECONDS);
+        } catch (Exception e) {
+            // each topic's own outcome is read below: some may have failed or be late
+        }
+        Map<String, String> incarnations = new LinkedHashMap<>();
+        Map<String, String> failed = new LinkedHashMap<>();
+        pending.forEach((topic, outcome) -> {
+            if (outcome.isDone() && !outcome.isCompletedExceptionally()) {
+                incarnations.put(topic, outcome.join());
+                tracker.touched(topic); // reported from now on: the subscription exists
+            } else {
+                String why = outcome.isDone() ? outcome.handle((ok, e) -> String.valueOf(e)).join()
+                        : "not done within " + FOLLOW_TIMEOUT_S + " s";
+                log.warn("watermark-cursors: following {} failed: {}", topic, why);
+                failed.put(topic, why);
+            }
+        });
+        writeJson(response, Follows.render(incarnations, elsewhere, failed));
+    }
+
+    /** The topic's generator subscription made, then the incarnation token in place (ours where it was unset). */
+    private CompletableFuture<String> followed(PersistentTopic topic, String token) {
+        CompletableFuture<?> subscribed = topic.getSubscription(BrokerCursors.GENERATOR_SUBSCRIPTION) != null
+                ? CompletableFuture.completedFuture(null)
+                : topic.createSubscription(BrokerCursors.GENERATOR_SUBSCRIPTION,
+                        CommandSubscribe.InitialPosition.Earliest, false, Map.of());
+        return subscribed.thenCompose(made -> incarnation(topic.getManagedLedger(), token));
+    }
+
+    /** Sets the property where unset; two requests for one topic at once share one setting, so one token wins. */
+    private CompletableFuture<String> incarnation(ManagedLedger ledger, String token) {
+        String inPlace = ledger.getProperties().get(Follows.INCARNATION_PROPERTY);
+        if (inPlace != null) {
+            return CompletableFuture.completedFuture(inPlace);
+        }
+        return settingIncarnation.computeIfAbsent(ledger.getName(), name -> {
+            CompletableFuture<String> set = new CompletableFuture<>();
+            ledger.asyncSetProperty(Follows.INCARNATION_PROPERTY, token, new AsyncCallbacks.UpdatePropertiesCallback() {
+                @Override
+                public void updatePropertiesComplete(Map<String, String> properties, Object ctx) {
+                    set.complete(properties.getOrDefault(Follows.INCARNATION_PROPERTY, token));
+                }
+
+                @Override
+                public void updatePropertiesFailed(ManagedLedgerException e, Object ctx) {
+                    set.completeExceptionally(e);
+                }
+            }, null);
+            set.whenComplete((value, e) -> settingIncarnation.remove(name, set));
+            return set;
+        });
     }
 
     /** Any thread: have the answer thread look at every waiting poll, once for a burst of changes. */
