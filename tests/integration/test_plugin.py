@@ -23,7 +23,13 @@ from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.settings import PulsarSettings
 from tests.integration.generator_process import GeneratorProcess
 from tests.integration.helpers import Recorder, wait_until, watermarks
-from watermark_core.protocol import GENERATOR_SUBSCRIPTION, MARKER_PROPERTY, MarkerKind, encode_set
+from watermark_core.protocol import (
+    GENERATOR_SUBSCRIPTION,
+    INCARNATION_PROPERTY,
+    MARKER_PROPERTY,
+    MarkerKind,
+    encode_set,
+)
 
 
 def _sent(result: pulsar.Result, _message_id: pulsar.MessageId) -> None:
@@ -379,6 +385,33 @@ def test_the_generators_cursor_is_moved_inside_the_broker_with_no_consumer_of_it
         admin.plugin_acknowledge(admin.base_url, {"not-a-topic": (1, 1)})
     assert refused.value.status == 400
     producer.close()
+
+
+def test_following_topics_makes_their_subscriptions_and_sets_their_incarnation_only_where_unset(
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str
+) -> None:
+    """Issue 47's take-over: one request for what took two admin calls per partition. The token set is the topic
+    property readers read through the admin API; one set before is kept and answered."""
+    fresh, named = (f"persistent://{namespace}/follow-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    producers = [pulsar_client.create_producer(t) for t in (fresh, named)]
+    admin.set_topic_properties(named, {INCARNATION_PROPERTY: "00000000000000aa"})
+    elsewhere = f"persistent://{namespace}/never-made-{uuid.uuid4().hex[:8]}"
+    answer = admin.plugin_follow(
+        admin.base_url, {fresh: "0123456789abcdef", named: "1111111111111111", elsewhere: "2222222222222222"}
+    )
+    assert answer.incarnations == {fresh: "0123456789abcdef", named: "00000000000000aa"}
+    assert answer.elsewhere == [elsewhere] and answer.failed == {}
+    assert admin.topic_properties(fresh)[INCARNATION_PROPERTY] == "0123456789abcdef"
+    assert admin.topic_properties(named)[INCARNATION_PROPERTY] == "00000000000000aa"
+    for topic in (fresh, named):
+        assert GENERATOR_SUBSCRIPTION in admin.topic_stats(topic)["subscriptions"]  # a durable subscription
+    again = admin.plugin_follow(admin.base_url, {fresh: "3333333333333333"})
+    assert again.incarnations == {fresh: "0123456789abcdef"}, "a token in place is never replaced"
+    with pytest.raises(AdminError) as refused:
+        admin.plugin_follow(admin.base_url, {fresh: "not-a-token"})
+    assert refused.value.status == 400
+    for producer in producers:
+        producer.close()
 
 
 def _message_at(consumer: pulsar.Consumer, position: tuple[int, int, int]) -> pulsar.Message:
