@@ -64,9 +64,12 @@ def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAd
         cpu = broker_cpu_seconds(broker)
         time.sleep(IDLE_S)
         without = (broker_cpu_seconds(broker) - cpu) / IDLE_S
+        broker_before = broker_cpu_seconds(broker)
         gen = Generator(settings, namespace, log_dir, generator_env("auto"))
         takeover = gen.wait_published(topics, within_s=1200)
-        say(f"  the generator took over {topics} topics in {takeover:.0f} s")
+        takeover_broker_cpu, takeover_gen_cpu = broker_cpu_seconds(broker) - broker_before, gen.cpu_seconds()
+        say(f"  the generator took over {topics} topics in {takeover:.0f} s (CPU seconds meanwhile: the broker "
+            f"{takeover_broker_cpu:.1f}, the generator {takeover_gen_cpu:.1f})")  # fmt: skip
         time.sleep(SETTLE_S)  # the take-over's tail: each topic's snapshot, 10 s after its last message
         cpu, gen_cpu, own_cpu = broker_cpu_seconds(broker), gen.cpu_seconds(), process_cpu_seconds(os.getpid())
         time.sleep(IDLE_S)
@@ -113,6 +116,11 @@ def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAd
         f"the {topics} topics' plain consumers and producers (pulsar-client, one of each per topic) and {FEEDS} feeds, "
         "doing nothing: what holding one consumer per topic costs a client at idle, beside the generator's figure",
         "generator_takeover_s_5000_topics": round(takeover, 1),
+        "broker_cpu_s_during_takeover_5000_topics": round(takeover_broker_cpu, 1),
+        "broker_cpu_s_during_takeover_5000_topics_how": "the standalone broker's process CPU seconds (less its JIT "
+        "compiler threads) from the generator's start to a watermark published for every topic: each topic's "
+        "generator subscription and incarnation property, its companion topic created (the claim's producer) and "
+        f"its first table; the generator's own: {takeover_gen_cpu:.1f} s",
         "watermark_latency_5000_topics_p50_ms": round(p50, 1),
         "watermark_latency_5000_topics_p99_ms": round(p99, 1),
         "cpu_while_measuring_5000_topics": ", ".join(f"{k} {v:.2f}" for k, v in loaded.items()),
