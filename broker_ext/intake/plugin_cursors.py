@@ -40,6 +40,10 @@ LONG_POLL_MS = 5_000
 GATHER_S = 0.01
 """After an answer, the next poll waits this long: moves that come together (W_SETs acknowledged at each second's
 start on many topics) then come in one answer, not one each (each costs both sides an HTTP round trip)."""
+ACK_GATHER_S = 1.0
+"""The generator's cursor moves of this long go to a broker in one request. A move only lets retention drop what
+a snapshot covers, so a second's delay costs nothing; a request per turn of the loop was a fifth of the
+generator's Python CPU at 200 topics of one W_SET a second (docs/DECISIONS.md, session 27)."""
 RETRY_MAX_S = 5.0
 LOST_AFTER_S = 3.0
 """A broker that has not answered for this long: its topics go back to admin reads until a plugin reports them."""
@@ -181,7 +185,8 @@ class PluginCursors:
         batch = self._acks.get(pushed.broker)
         if batch is None:
             batch = self._acks[pushed.broker] = {}
-            self.loop.post(lambda: self._send_acks(pushed.broker))  # after this turn: one request for all of it
+            self.loop.call_at(time.time() + ACK_GATHER_S, ("plugin-acks", pushed.broker),
+                              lambda: self._send_acks(pushed.broker))  # fmt: skip
         batch[partition.topic] = max(position, batch.get(partition.topic, position))
         return True
 

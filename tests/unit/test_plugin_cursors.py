@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import time
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -10,7 +11,7 @@ import pytest
 
 from broker_ext.engine.vocabulary import CursorsPolled
 from broker_ext.intake.admin_polling import CursorPoller
-from broker_ext.intake.plugin_cursors import PluginCursors, cursors_from
+from broker_ext.intake.plugin_cursors import ACK_GATHER_S, PluginCursors, cursors_from
 from broker_ext.loop import EventLoop
 
 pytestmark = pytest.mark.unit
@@ -324,7 +325,7 @@ def test_by_claim_a_partition_is_ours_once_claimed_and_gets_all_the_plugin_keeps
 
 def test_the_generators_cursor_moves_through_the_plugin_that_reports_the_topic_one_request_per_broker() -> None:
     """Issue 47: where a plugin reports the topic, the generator's cursor moves inside that broker (no consumer
-    acknowledgement); the acknowledgements of one turn of the loop go in one request, the latest per topic."""
+    acknowledgement); the acknowledgements of a second go in one request, the latest per topic."""
     cursors, partition, other = _cursors(), _partition(), _partition(T0 + "-2")
     sent: list[tuple[str, dict[str, tuple[int, int]]]] = []
     cursors.admin = cast(Any, SimpleNamespace(plugin_acknowledge=lambda b, p: sent.append((b, dict(p))) or {}))
@@ -337,6 +338,10 @@ def test_the_generators_cursor_moves_through_the_plugin_that_reports_the_topic_o
     assert cursors.acknowledge(partition, (5, 2)) and cursors.acknowledge(partition, (5, 3))
     assert not cursors.acknowledge(other, (5, 1))
     _run_posted(cursors)
+    assert submitted == [] and sent == []  # gathered for a while first
+    due = cursors.loop.scheduled(("plugin-acks", B1))
+    assert due is not None and due - time.time() > ACK_GATHER_S / 2
+    cursors._send_acks(B1)
     for work in submitted:
         work()
     assert sent == [(B1, {T0: (5, 3)})]
