@@ -212,12 +212,17 @@ class PluginCursors:
                 wanted = {topic: token for topic, (_, token) in batch.items() if topic not in found}
                 if not wanted:
                     break
+                asked = time.monotonic()
                 try:
                     answer = self.admin.plugin_follow(broker, wanted)
                 except AdminError as exc:  # a plugin older than this request too: the admin API makes them
                     log.debug("following %d topics through the plugin on %s failed: %s", len(wanted), broker, exc)
                     continue
                 self._count("plugin-follow")
+                took = time.monotonic() - asked
+                log.log(logging.INFO if took > 1.0 else logging.DEBUG,
+                        "the plugin on %s made the generator's subscription of %d of %d topics in %.1f s", broker,
+                        len(answer.incarnations), len(wanted), took)  # fmt: skip
                 found.update(answer.incarnations)
                 for topic, why in answer.failed.items():
                     log.debug("%s: the plugin on %s could not follow it: %s", topic, broker, why)
