@@ -57,6 +57,8 @@ class PluginFollowed:
 PLUGIN_CHANGES_PATH = "/watermark-cursors/changes"
 PLUGIN_ACKNOWLEDGE_PATH = "/watermark-cursors/acknowledge"
 PLUGIN_FOLLOW_PATH = "/watermark-cursors/follow"
+PLUGIN_FOLLOW_TIMEOUT_S = 40.0
+"""The plugin answers a follow request within 30 s, with what is done by then (its FOLLOW_TIMEOUT_S)."""
 
 
 class PulsarAdmin:
@@ -586,15 +588,15 @@ class PulsarAdmin:
         topic"): two admin calls per topic at a take-over, in one request. Raises `PluginMissing` where the broker
         does not serve the plugin (or one older than this request) or refuses the role."""
         body = "".join(f"{topic} {token}\n" for topic, token in tokens.items())
-        answer = self._plugin_post(broker, PLUGIN_FOLLOW_PATH, body)
+        answer = self._plugin_post(broker, PLUGIN_FOLLOW_PATH, body, timeout_s=PLUGIN_FOLLOW_TIMEOUT_S)
         return PluginFollowed(dict(answer.get("incarnations") or {}), list(answer.get("elsewhere") or []),
                               dict(answer.get("failed") or {}))  # fmt: skip
 
-    def _plugin_post(self, broker: str, path: str, body: str) -> Any:
+    def _plugin_post(self, broker: str, path: str, body: str, timeout_s: float | None = None) -> Any:
         url = f"{broker}{path}"
         headers = {"Content-Type": "text/plain", "Accept": "application/json", **self.settings.admin_headers()}
         try:
-            response = self._http.post(url, data=body.encode(), headers=headers, timeout=self.timeout_s)
+            response = self._http.post(url, data=body.encode(), headers=headers, timeout=timeout_s or self.timeout_s)
         except requests.ConnectionError as exc:
             raise BrokerUnreachable(f"the broker at {broker} does not answer ({type(exc).__name__})") from exc
         if response.status_code in (404, 405, 401, 403):

@@ -40,6 +40,8 @@ LONG_POLL_MS = 5_000
 GATHER_S = 0.01
 """After an answer, the next poll waits this long: moves that come together (W_SETs acknowledged at each second's
 start on many topics) then come in one answer, not one each (each costs both sides an HTTP round trip)."""
+FOLLOW_BATCH = 500
+"""Topics per follow request: each answer within the plugin's 30 s, even from a busy broker."""
 ACK_GATHER_S = 1.0
 """The generator's cursor moves of this long go to a broker in one request. A move only lets retention drop what
 a snapshot covers, so a second's delay costs nothing; a request per turn of the loop was a fifth of the
@@ -204,31 +206,33 @@ class PluginCursors:
 
     def _send_follows(self) -> None:
         batch, self._follows = self._follows, {}
-        brokers = list(self._brokers)
+        brokers, items = list(self._brokers), list(batch.items())
+        for start in range(0, len(items), FOLLOW_BATCH):
+            chunk = dict(items[start : start + FOLLOW_BATCH])
+            self.pool.submit(functools.partial(self._follow_chunk, brokers, chunk))
 
-        def work() -> None:
-            found: dict[str, str] = {}
-            for broker in brokers:
-                wanted = {topic: token for topic, (_, token) in batch.items() if topic not in found}
-                if not wanted:
-                    break
-                asked = time.monotonic()
-                try:
-                    answer = self.admin.plugin_follow(broker, wanted)
-                except AdminError as exc:  # a plugin older than this request too: the admin API makes them
-                    log.debug("following %d topics through the plugin on %s failed: %s", len(wanted), broker, exc)
-                    continue
-                self._count("plugin-follow")
-                took = time.monotonic() - asked
-                log.log(logging.INFO if took > 1.0 else logging.DEBUG,
-                        "the plugin on %s made the generator's subscription of %d of %d topics in %.1f s", broker,
-                        len(answer.incarnations), len(wanted), took)  # fmt: skip
-                found.update(answer.incarnations)
-                for topic, why in answer.failed.items():
-                    log.debug("%s: the plugin on %s could not follow it: %s", topic, broker, why)
-            self.loop.post(lambda: self._answer_follows(batch, found))
-
-        self.pool.submit(work)
+    def _follow_chunk(self, brokers: list[str], chunk: dict[str, tuple[Followed, str]]) -> None:
+        """On the pool: ask each broker's plugin in turn for what the ones before did not serve."""
+        found: dict[str, str] = {}
+        for broker in brokers:
+            wanted = {topic: token for topic, (_, token) in chunk.items() if topic not in found}
+            if not wanted:
+                break
+            asked = time.monotonic()
+            try:
+                answer = self.admin.plugin_follow(broker, wanted)
+            except AdminError as exc:  # a plugin older than this request too: the admin API makes them
+                log.debug("following %d topics through the plugin on %s failed: %s", len(wanted), broker, exc)
+                continue
+            self._count("plugin-follow")
+            took = time.monotonic() - asked
+            log.log(logging.INFO if took > 1.0 else logging.DEBUG,
+                    "the plugin on %s made the generator's subscription of %d of %d topics in %.1f s", broker,
+                    len(answer.incarnations), len(wanted), took)  # fmt: skip
+            found.update(answer.incarnations)
+            for topic, why in answer.failed.items():
+                log.debug("%s: the plugin on %s could not follow it: %s", topic, broker, why)
+        self.loop.post(lambda: self._answer_follows(chunk, found))
 
     @staticmethod
     def _answer_follows(batch: Mapping[str, tuple[Followed, str]], found: Mapping[str, str]) -> None:

@@ -409,3 +409,39 @@ def test_subscriptions_to_make_go_to_every_polled_plugin_in_one_request_and_the_
     ]
     assert partition.followed_with == ["00000000000000aa"]  # set before: the token in place, not ours
     assert other.followed_with == ["1111111111111111"] and away.followed_with == [None]
+
+
+def test_a_large_take_over_is_followed_in_requests_of_a_bounded_size_each_answered_on_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """5000 topics in one request would outlast the request's timeout on a busy broker: they go in chunks, and a
+    chunk's partitions are told when its answer comes, not after the last chunk's."""
+    from broker_ext.intake import plugin_cursors
+    from pulsar_access.admin import PluginFollowed
+
+    monkeypatch.setattr(plugin_cursors, "FOLLOW_BATCH", 2)
+    cursors = _cursors()
+    partitions = [_partition(f"{T0}-{i}") for i in range(3)]
+    for p in partitions:
+        p.followed_with = []
+        p.followed = p.followed_with.append
+    sent: list[list[str]] = []
+
+    def plugin_follow(broker: str, tokens: dict[str, str]) -> PluginFollowed:
+        sent.append(sorted(tokens))
+        return PluginFollowed(dict(tokens), [], {})
+
+    cursors.admin = cast(Any, SimpleNamespace(admin_bases=[B1], plugin_follow=plugin_follow))
+    submitted: list[Any] = []
+    cursors.pool = cast(Any, SimpleNamespace(submit=submitted.append))
+    cursors._brokers = {B1: cast(Any, None)}
+    for i, p in enumerate(partitions):
+        assert cursors.follow(p, f"{i:016x}")
+    _run_posted(cursors)
+    assert len(submitted) == 2
+    submitted[0]()
+    _run_posted(cursors)
+    assert [p.followed_with for p in partitions] == [[f"{0:016x}"], [f"{1:016x}"], []]
+    submitted[1]()
+    _run_posted(cursors)
+    assert partitions[2].followed_with == [f"{2:016x}"] and sent == [[f"{T0}-0", f"{T0}-1"], [f"{T0}-2"]]
