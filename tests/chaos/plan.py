@@ -29,6 +29,9 @@ class FaultKind(StrEnum):
     SPLIT_BUNDLE = "split the topic's bundle"
     KILL_OWNER_BROKER = "kill -9 the broker that owns the topic"
     KILL_GENERATOR_DURING_MOVE = "kill -9 generator while its topic moves"
+    KILL_OWNER_WITH_STANDBY = "kill -9 the owning generator while a standby waits"
+    """A second generator instance follows the topic and waits in Pulsar's queue for its claim; the owner is
+    killed, the standby takes over, the owner comes back (its queue's next), and the standby is killed too."""
     MOVE_WHILE_MARKER_WAITS = "move the topic while a marker waits"
     """A consumer is crashed first, so markers wait for its acknowledgement; the topic moves to another broker
     (whose plugin must report it) before it comes back and acknowledges there."""
@@ -102,6 +105,8 @@ CUT_SHARE = 0.04
 """The share of scenarios that cut the generator off from the broker for `CUT_S` seconds."""
 CUT_S = (12.0, 35.0)
 """Longer than the generator's client operation and admin timeouts (10 s), sometimes past a keep-alive (30 s)."""
+STANDBY_SHARE = 0.1
+"""The share of scenarios where one `kill -9 generator` has a standby waiting (`KILL_OWNER_WITH_STANDBY`)."""
 CLUSTER_FAULTS = (2, 4)
 """On several brokers: how many of a scenario's faults are a cluster's (moves, splits, a broker's death)."""
 OWNER_KILL_SHARE = 0.2
@@ -116,6 +121,7 @@ def plan_scenario(
     restart_share: float = RESTART_SHARE,
     kill_share: float = KILL_SHARE,
     cut_share: float = CUT_SHARE,
+    standby_share: float = STANDBY_SHARE,
     generator_cuts: bool = True,
     several_brokers: bool = False,
     min_faults: int = 6,
@@ -160,6 +166,7 @@ def plan_scenario(
         )
         for at, kind in zip(times, chosen, strict=True)
     )
+    faults = with_standby(seed, faults, share=standby_share)
     faults = with_hard_faults(
         seed, faults, kill_share=kill_share if broker_restarts else 0.0, cut_share=cut_share if generator_cuts else 0.0
     )
@@ -194,6 +201,21 @@ def with_hard_faults(seed: int, faults: tuple[Fault, ...], *, kill_share: float,
             index = replaceable[int(where * len(replaceable))]
             cut = kind is FaultKind.CUT_GENERATOR
             faults_list[index] = Fault(faults_list[index].at_s, kind, reset if cut else 0, down_s if cut else 0.0)
+    return tuple(faults_list)
+
+
+def with_standby(seed: int, faults: tuple[Fault, ...], *, share: float) -> tuple[Fault, ...]:
+    """`faults` with, at the chance of `share`, one `kill -9 generator` made a kill while a standby waits; drawn
+    from a generator of its own (as `with_hard_faults`)."""
+    rng = random.Random(seed * 1_000_003 + 43)
+    hit, where = rng.random() < share, rng.random()
+    kills = [i for i, f in enumerate(faults) if f.kind is FaultKind.KILL_GENERATOR]
+    if not hit or not kills:
+        return faults
+    index = kills[int(where * len(kills))]
+    faults_list = list(faults)
+    kill = faults_list[index]
+    faults_list[index] = Fault(kill.at_s, FaultKind.KILL_OWNER_WITH_STANDBY, kill.target, kill.down_s)
     return tuple(faults_list)
 
 

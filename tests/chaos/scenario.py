@@ -160,6 +160,9 @@ MOVE_SPACING_S = 1.0
 """The least time between two moves of one subscription with its consumers attached (see `move_back_attached`)."""
 ACKNOWLEDGED_WAIT_S = 15.0
 """How long a move back waits for the subscription to have acknowledged something to move back over."""
+STANDBY_QUEUED_S = 4.0
+"""A new generator instance has asked for a topic's claim by then: its 2 s start window, a second's hold-off per
+rank (broker_ext/claims.py), and its discovery."""
 
 
 class ChaosListener(WatermarkListener):
@@ -271,6 +274,8 @@ class Scenario:
         self.instance_count = 0
         self.phases: dict[str, float] = {}
         self.oracle: OracleReport | None = None
+        self.standbys: list[GeneratorProcess] = []
+        """Second instances started by `KILL_OWNER_WITH_STANDBY` (killed by the end of their fault)."""
 
     def now_ms(self) -> int:
         """The scenario's event-time clock: rises with monotonic time, never goes back."""
@@ -422,6 +427,8 @@ class Scenario:
             self.generator.kill()
             time.sleep(fault.down_s)
             self.generator.start()
+        elif fault.kind is FaultKind.KILL_OWNER_WITH_STANDBY:
+            self.kill_owner_with_standby(fault)
         elif fault.kind is FaultKind.CRASH_CONSUMER:
             slot = self.plan.consumer_slots()[fault.target]
             self.crash_instance(slot)
@@ -483,6 +490,25 @@ class Scenario:
                 time.sleep(fault.down_s)
                 several.start_broker(victim)
         return True
+
+    def kill_owner_with_standby(self, fault: Fault) -> None:
+        """A second instance follows the topic and, once it has asked for the claim (its start window and its
+        rank's hold-off), waits in Pulsar's queue; the owner is killed -9, so the standby takes over; the owner
+        comes back after `down_s` and queues in turn (or takes the topic back, first in rank); then the standby is
+        killed -9 too, and the owner has it again."""
+        name = f"chaos-{self.plan.seed}-standby-{len(self.standbys)}"
+        standby = GeneratorProcess(self.cluster.settings, self.cluster.log_dir / f"generator-{name}.log", name,
+                                   log_level="DEBUG", WM_TOPICS=self.topic, WM_NAMESPACES="")  # fmt: skip
+        self.standbys.append(standby)
+        standby.start()
+        try:
+            time.sleep(STANDBY_QUEUED_S)
+            self.generator.kill()
+            time.sleep(fault.down_s)
+            self.generator.start()
+            time.sleep(STANDBY_QUEUED_S)
+        finally:
+            standby.kill()
 
     @contextlib.contextmanager
     def marker_waiting(self, fault: Fault) -> Iterator[None]:
@@ -712,7 +738,7 @@ class Scenario:
                 self.cluster.admin.delete_topic(self.topic)
             self.phases["teardown"] = time.monotonic() - closing
         self.notes.append("phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items()))
-        refused = self.generator.log_text().count("not using it")
+        refused = sum(g.log_text().count("not using it") for g in (self.generator, *self.standbys))
         if self.violations or refused:
             self.notes.append(f"evidence kept in {self.keep_evidence()} ({refused} rebuilt states refused)")
         return ScenarioResult(
@@ -785,6 +811,9 @@ class Scenario:
         kept.mkdir(parents=True, exist_ok=True)
         if self.generator.log_path.exists():
             shutil.copy(self.generator.log_path, kept / "generator.log")
+        for i, standby in enumerate(self.standbys):
+            if standby.log_path.exists():
+                shutil.copy(standby.log_path, kept / f"generator-standby-{i}.log")
         listeners = [
             {"name": entry.name, "subscription": entry.subscription, "started": entry.started, "epoch": entry.epoch,
              "closed": entry.closed, "events": [asdict(event) for event in entry.events]}

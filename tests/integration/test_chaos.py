@@ -16,8 +16,9 @@ from tests.harness import RunningPulsar
 HARD_FAULTS = {FaultKind.KILL_BROKER, FaultKind.CUT_GENERATOR}
 
 SHORT_SET = [60559, 2, 3]
-"""Seed 60559 draws every kind of fault but the hard ones, the seeks and resets with consumers attached
-and the broker restart included (the restart last)."""
+"""Seed 60559 draws every kind of fault but the hard ones and the standby's, the seeks and resets with consumers
+attached and the broker restart included (the restart last); seeds 2 and 3 each kill the owning generator while a
+standby waits."""
 
 
 def test_short_fault_injection_set_finds_no_violation(
@@ -36,11 +37,13 @@ def test_short_fault_injection_set_finds_no_violation(
     # what was injected, not what was planned: a fault that could not be injected is not counted
     injected = {r.seed: set(r.faults) for r in results}
     # every kind but the hard ones (drawn only with kill_share / cut_share: the next test) and a cluster's
+    standby = FaultKind.KILL_OWNER_WITH_STANDBY
     expected = {
-        k.value for k in set(FaultKind) - HARD_FAULTS - CLUSTER_KINDS  # a cluster's: `--cluster multi` only
+        k.value for k in set(FaultKind) - HARD_FAULTS - CLUSTER_KINDS - {standby}  # a cluster's: `--cluster multi`
         if k is not FaultKind.RESTART_BROKER or pulsar_broker.restart is not None
     }  # fmt: skip
     assert injected[SHORT_SET[0]] == expected, injected
+    assert all(standby.value in injected[seed] for seed in SHORT_SET[1:]), injected
     assert int(str(totals["faults_injected"])) >= 15
     assert int(str(totals["messages"])) > 0
     # the oracle judged every scenario: each published watermark against the log
