@@ -17,20 +17,25 @@ final class AdminRequests {
 
     private AdminRequests() {}
 
-    /** The topic the call may have moved, {@link CursorTracker#EVERYTHING}, or null for none. */
-    static String touched(String method, String path) {
+    /** What a call may have moved: one topic, or any ({@link #EVERY_TOPIC}, whose {@code topic} is null). */
+    record Touched(String topic) {
+        static final Touched EVERY_TOPIC = new Touched(null);
+    }
+
+    /** What the call may have moved, or null for nothing. */
+    static Touched touched(String method, String path) {
         if (path == null || "GET".equals(method) || !path.startsWith("/admin/")
                 || path.startsWith("/admin/v2/non-persistent/")) {
             return null;
         }
         if (!path.startsWith(TOPIC_PATH)) {
-            return CursorTracker.EVERYTHING;
+            return Touched.EVERY_TOPIC;
         }
         String[] parts = path.substring(TOPIC_PATH.length()).split("/", 4); // tenant, namespace, topic, action
         if (parts.length < 3 || parts[2].isEmpty()) {
-            return CursorTracker.EVERYTHING;
+            return Touched.EVERY_TOPIC;
         }
-        return "persistent://" + decode(parts[0]) + "/" + decode(parts[1]) + "/" + decode(parts[2]);
+        return new Touched("persistent://" + decode(parts[0]) + "/" + decode(parts[1]) + "/" + decode(parts[2]));
     }
 
     private static String decode(String part) {

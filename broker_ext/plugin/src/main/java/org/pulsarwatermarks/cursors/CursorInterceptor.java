@@ -1,5 +1,6 @@
 package org.pulsarwatermarks.cursors;
 
+import java.util.Map;
 import java.util.function.Consumer;
 import javax.servlet.ServletRequest;
 import javax.servlet.ServletResponse;
@@ -16,18 +17,35 @@ import org.apache.pulsar.common.api.proto.CommandAck;
  * The broker's hooks: names the topic whose cursors may have moved, and changes nothing.
  *
  * <p>The broker loads interceptors and servlets in class loaders of their own, so the servlet, which
- * keeps the report, hands this interceptor a {@code Consumer<String>} (a JDK type both loaders share)
- * through {@link #accept}. {@code messageAcked} runs after the cursor's mark-delete position moved in
+ * keeps the report, hands this interceptor its tracker's hooks as a map of {@code Consumer<String>} by name (JDK
+ * types both loaders share) through {@link #accept}; each event calls its own hook. {@code messageAcked} runs after the cursor's mark-delete position moved in
  * memory; seeks ask for a sweep and admin calls (reset, expiry, unsubscribe, unload, delete) for a read
  * of the topic they name ({@link AdminRequests}), a little later, since the cursor moves after the hook.
  */
-public final class CursorInterceptor implements BrokerInterceptor, Consumer<Consumer<String>> {
-    private volatile Consumer<String> listener = topic -> {};
+public final class CursorInterceptor implements BrokerInterceptor, Consumer<Map<String, Consumer<String>>> {
+    /** The names of the tracker's hooks ({@link CursorTracker#hooks}). */
+    static final String MOVED = "moved";
+    static final String FRESH = "fresh";
+    static final String AFTER_ADMIN = "afterAdmin";
+    static final String SWEEP = "sweep";
 
-    /** The servlet's listener of topics that may have moved. */
+    /** What each hook is told: a topic whose cursors may have moved, one a producer or consumer appeared on that
+     * no generator follows, one an admin call named, or any (the argument unused). */
+    private record Hooks(Consumer<String> moved, Consumer<String> fresh, Consumer<String> afterAdmin,
+            Consumer<String> sweep) {
+        static Hooks of(Map<String, Consumer<String>> named) {
+            Consumer<String> none = topic -> {};
+            return new Hooks(named.getOrDefault(MOVED, none), named.getOrDefault(FRESH, none),
+                    named.getOrDefault(AFTER_ADMIN, none), named.getOrDefault(SWEEP, none));
+        }
+    }
+
+    private volatile Hooks hooks = Hooks.of(Map.of());
+
+    /** The servlet's tracker, by its hooks' names. */
     @Override
-    public void accept(Consumer<String> listener) {
-        this.listener = listener;
+    public void accept(Map<String, Consumer<String>> named) {
+        this.hooks = Hooks.of(named);
     }
 
     @Override
@@ -39,14 +57,14 @@ public final class CursorInterceptor implements BrokerInterceptor, Consumer<Cons
     public void consumerCreated(ServerCnx cnx, org.apache.pulsar.broker.service.Consumer consumer,
             java.util.Map<String, String> metadata) {
         if (!touched(consumer) && consumer.getSubscription() != null) {
-            listener.accept(CursorTracker.FRESH + consumer.getSubscription().getTopicName());
+            hooks.fresh().accept(consumer.getSubscription().getTopicName());
         }
     }
 
     @Override
     public void producerCreated(ServerCnx cnx, Producer producer, java.util.Map<String, String> metadata) {
         if (producer.getTopic().getSubscription(BrokerCursors.GENERATOR_SUBSCRIPTION) == null) {
-            listener.accept(CursorTracker.FRESH + producer.getTopic().getName()); // a topic a generator may follow
+            hooks.fresh().accept(producer.getTopic().getName()); // a topic a generator may follow
         }
     }
 
@@ -60,7 +78,7 @@ public final class CursorInterceptor implements BrokerInterceptor, Consumer<Cons
     private boolean touched(org.apache.pulsar.broker.service.Consumer consumer) {
         Subscription subscription = consumer.getSubscription();
         if (subscription != null && subscription.getTopic().getSubscription(BrokerCursors.GENERATOR_SUBSCRIPTION) != null) {
-            listener.accept(subscription.getTopicName());
+            hooks.moved().accept(subscription.getTopicName());
             return true;
         }
         return false;
@@ -69,7 +87,7 @@ public final class CursorInterceptor implements BrokerInterceptor, Consumer<Cons
     @Override
     public void onPulsarCommand(BaseCommand command, ServerCnx cnx) {
         switch (command.getType()) {
-            case SEEK, UNSUBSCRIBE -> listener.accept(CursorTracker.EVERYTHING);
+            case SEEK, UNSUBSCRIBE -> hooks.sweep().accept(null);
             default -> { }
         }
     }
@@ -77,11 +95,11 @@ public final class CursorInterceptor implements BrokerInterceptor, Consumer<Cons
     @Override
     public void onWebserviceResponse(ServletRequest request, ServletResponse response) {
         if (request instanceof HttpServletRequest http) {
-            String touched = AdminRequests.touched(http.getMethod(), http.getRequestURI());
-            if (CursorTracker.EVERYTHING.equals(touched)) {
-                listener.accept(touched); // a namespace-wide call: any topic may have moved
+            AdminRequests.Touched touched = AdminRequests.touched(http.getMethod(), http.getRequestURI());
+            if (touched == AdminRequests.Touched.EVERY_TOPIC) {
+                hooks.sweep().accept(null); // a namespace-wide call: any topic may have moved
             } else if (touched != null) {
-                listener.accept(CursorTracker.AFTER_ADMIN + touched); // a reset, skip, expiry, unload or delete
+                hooks.afterAdmin().accept(touched.topic()); // a reset, skip, expiry, unload or delete
             }
         }
     }

@@ -149,7 +149,7 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
         intake = new IntakeTracker(report, System::currentTimeMillis, intakeMaxItems);
         tracker = new CursorTracker(pulsar.getBrokerService(), report, sweepIntervalMs, this::announceable, fresh,
                 intake);
-        if (!connectInterceptor(pulsar.getBrokerInterceptor(), tracker::touched)) {
+        if (!connectInterceptor(pulsar.getBrokerInterceptor(), tracker.hooks())) {
             log.warn("watermark-cursors: the interceptor of this NAR is not loaded (add watermark-cursors to "
                     + "brokerInterceptors): cursor moves are seen by the sweep only, every {} ms", sweepIntervalMs);
         }
@@ -168,7 +168,7 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
     }
 
     @SuppressWarnings("unchecked")
-    private static boolean connectInterceptor(BrokerInterceptor interceptor, Consumer<String> listener) {
+    private static boolean connectInterceptor(BrokerInterceptor interceptor, Map<String, Consumer<String>> hooks) {
         if (!(interceptor instanceof BrokerInterceptors all)) {
             return false;
         }
@@ -176,7 +176,7 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
         for (BrokerInterceptorWithClassLoader loaded : all.getInterceptors().values()) {
             if (loaded.getInterceptor() instanceof Consumer<?> ours
                     && loaded.getInterceptor().getClass().getName().equals(CursorInterceptor.class.getName())) {
-                ((Consumer<Consumer<String>>) ours).accept(listener);
+                ((Consumer<Map<String, Consumer<String>>>) ours).accept(hooks);
                 connected = true;
             }
         }
@@ -315,7 +315,7 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
             if (target.compareTo(current) > 0) { // an older position is done already: the cursor never moves back
                 subscription.acknowledgeMessage(List.of(target), CommandAck.AckType.Cumulative, Map.of());
             }
-            tracker.touched(topic);
+            tracker.moved(topic);
             return Acknowledgements.DONE;
         } catch (Exception e) {
             log.warn("watermark-cursors: moving the generator's cursor of {} to {} failed", topic, position, e);
@@ -362,7 +362,7 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
         pending.forEach((topic, outcome) -> {
             if (outcome.isDone() && !outcome.isCompletedExceptionally()) {
                 incarnations.put(topic, outcome.join());
-                tracker.touched(topic); // reported from now on: the subscription exists
+                tracker.moved(topic); // reported from now on: the subscription exists
             } else {
                 String why = outcome.isDone() ? outcome.handle((ok, e) -> String.valueOf(e)).join()
                         : "not done within " + FOLLOW_TIMEOUT_S + " s";

@@ -26,11 +26,6 @@ import org.slf4j.LoggerFactory;
  * lookup per acknowledgement and nothing else.
  */
 final class CursorTracker implements AutoCloseable {
-    static final String EVERYTHING = "*";
-    /** Before a topic's name: a producer or consumer appeared there and no generator follows it. */
-    static final String FRESH = "+";
-    /** Before a topic's name: an admin call on it; its cursors move after the hook, so it is read a little later. */
-    static final String AFTER_ADMIN = "~";
     private static final Logger log = LoggerFactory.getLogger(CursorTracker.class);
     private static final long COALESCE_MS = 2;
     private static final long[] SWEEPS_AFTER_ADMIN_MS = {100, 600};
@@ -67,30 +62,41 @@ final class CursorTracker implements AutoCloseable {
         thread.scheduleWithFixedDelay(this::sweep, 0, sweepIntervalMs, TimeUnit.MILLISECONDS);
     }
 
-    /** From the broker's threads: {@code topic} may have moved, or {@link #EVERYTHING}. O(1), never blocks. */
-    void touched(String topic) {
-        if (topic.startsWith(FRESH)) {
-            if (fresh.offer(topic.substring(FRESH.length()))) { // O(1), no lock: a reconnect storm calls it per producer
-                thread.execute(this::announceFresh);
-            }
-            return;
-        }
-        if (topic.startsWith(AFTER_ADMIN)) {
-            String name = topic.substring(AFTER_ADMIN.length());
-            for (long delay : SWEEPS_AFTER_ADMIN_MS) {
-                thread.schedule(() -> readAfterAdmin(name), delay, TimeUnit.MILLISECONDS);
-            }
-            return;
-        }
-        if (EVERYTHING.equals(topic)) {
-            for (long delay : SWEEPS_AFTER_ADMIN_MS) {
-                thread.schedule(this::sweep, delay, TimeUnit.MILLISECONDS);
-            }
-            return;
-        }
+    /**
+     * What the interceptor calls, by the names it knows them by: JDK types, since the broker loads it in a class
+     * loader of its own. Each runs on a broker's thread, in O(1), and never blocks.
+     */
+    java.util.Map<String, java.util.function.Consumer<String>> hooks() {
+        return java.util.Map.of(CursorInterceptor.MOVED, this::moved, CursorInterceptor.FRESH, this::fresh,
+                CursorInterceptor.AFTER_ADMIN, this::afterAdmin, CursorInterceptor.SWEEP, topic -> sweepSoon());
+    }
+
+    /** The topic's cursors may have moved: it is read in a moment, with the others named meanwhile. */
+    void moved(String topic) {
         touched.add(topic);
         if (readScheduled.compareAndSet(false, true)) {
             thread.schedule(this::readTouched, COALESCE_MS, TimeUnit.MILLISECONDS);
+        }
+    }
+
+    /** A producer or consumer appeared on a topic no generator follows. */
+    void fresh(String topic) {
+        if (fresh.offer(topic)) { // O(1), no lock: a reconnect storm calls it per producer
+            thread.execute(this::announceFresh);
+        }
+    }
+
+    /** An admin call on the topic: its cursors move after the hook, so it is read a little later. */
+    void afterAdmin(String topic) {
+        for (long delay : SWEEPS_AFTER_ADMIN_MS) {
+            thread.schedule(() -> readAfterAdmin(topic), delay, TimeUnit.MILLISECONDS);
+        }
+    }
+
+    /** Any topic may have moved (a seek, a namespace-wide admin call): every one is read a little later. */
+    void sweepSoon() {
+        for (long delay : SWEEPS_AFTER_ADMIN_MS) {
+            thread.schedule(this::sweep, delay, TimeUnit.MILLISECONDS);
         }
     }
 

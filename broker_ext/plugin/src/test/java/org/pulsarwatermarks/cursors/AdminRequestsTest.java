@@ -7,25 +7,26 @@ import org.junit.jupiter.api.Test;
 class AdminRequestsTest {
     @Test
     void aTopicsAdminCallMovesOnlyThatTopic() {
-        assertEquals("persistent://acme/orders/clicks",
+        assertEquals(new AdminRequests.Touched("persistent://acme/orders/clicks"),
                 AdminRequests.touched("POST", "/admin/v2/persistent/acme/orders/clicks/subscription/app/resetcursor/0"));
-        assertEquals("persistent://acme/orders/clicks-partition-2",
+        assertEquals(new AdminRequests.Touched("persistent://acme/orders/clicks-partition-2"),
                 AdminRequests.touched("DELETE", "/admin/v2/persistent/acme/orders/clicks-partition-2"));
-        assertEquals("persistent://acme/orders/a b",
+        assertEquals(new AdminRequests.Touched("persistent://acme/orders/a b"),
                 AdminRequests.touched("PUT", "/admin/v2/persistent/acme/orders/a%20b/unload"));
     }
 
     @Test
     void theGeneratorsOwnCallsOnCompanionTopicsAreStillNamedNotSwept() {
         // compaction of a companion topic: one topic looked at (it has no cursors to report), not every topic
-        assertEquals("persistent://acme/__watermarks/x",
+        assertEquals(new AdminRequests.Touched("persistent://acme/__watermarks/x"),
                 AdminRequests.touched("PUT", "/admin/v2/persistent/acme/__watermarks/x/compaction"));
     }
 
     @Test
     void aNamespaceOrOlderStyleCallMayMoveAnyTopic() {
-        assertEquals(CursorTracker.EVERYTHING, AdminRequests.touched("POST", "/admin/v2/namespaces/acme/orders/unload"));
-        assertEquals(CursorTracker.EVERYTHING,
+        assertEquals(AdminRequests.Touched.EVERY_TOPIC,
+                AdminRequests.touched("POST", "/admin/v2/namespaces/acme/orders/unload"));
+        assertEquals(AdminRequests.Touched.EVERY_TOPIC,
                 AdminRequests.touched("POST", "/admin/persistent/acme/standalone/orders/clicks/skip_all"));
     }
 
