@@ -597,7 +597,7 @@ class PulsarAdmin:
         headers = {"Content-Type": "text/plain", "Accept": "application/json", **self.settings.admin_headers()}
         try:
             response = self._http.post(url, data=body.encode(), headers=headers, timeout=timeout_s or self.timeout_s)
-        except requests.ConnectionError as exc:
+        except requests.RequestException as exc:  # refused, reset, timed out
             raise BrokerUnreachable(f"the broker at {broker} does not answer ({type(exc).__name__})") from exc
         if response.status_code in (404, 405, 401, 403):
             raise PluginMissing(f"{url} answered {response.status_code}: {response.text.strip()[:300]}",
@@ -605,7 +605,10 @@ class PulsarAdmin:
         if response.status_code >= 400:
             raise AdminError(f"{url} failed with {response.status_code}: {response.text.strip()[:300]}",
                              response.status_code)  # fmt: skip
-        return orjson.loads(response.content)
+        try:
+            return orjson.loads(response.content)
+        except orjson.JSONDecodeError as exc:
+            raise AdminError(f"{url} answered what is not JSON: {response.text.strip()[:300]}") from exc
 
     def broker_metrics(self, base_url: str | None = None) -> bytes:
         """The Prometheus text of one broker (`/metrics/`; default: the admin URL in use): every topic it serves,

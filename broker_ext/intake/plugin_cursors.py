@@ -212,8 +212,15 @@ class PluginCursors:
             self.pool.submit(functools.partial(self._follow_chunk, brokers, chunk))
 
     def _follow_chunk(self, brokers: list[str], chunk: dict[str, tuple[Followed, str]]) -> None:
-        """On the pool: ask each broker's plugin in turn for what the ones before did not serve."""
+        """On the pool: ask each broker's plugin in turn for what the ones before did not serve. Every partition is
+        answered, whatever happens: one left unanswered would wait for its subscription forever."""
         found: dict[str, str] = {}
+        try:
+            self._ask_follow(brokers, chunk, found)
+        finally:
+            self.loop.post(lambda: self._answer_follows(chunk, found))
+
+    def _ask_follow(self, brokers: list[str], chunk: dict[str, tuple[Followed, str]], found: dict[str, str]) -> None:
         for broker in brokers:
             wanted = {topic: token for topic, (_, token) in chunk.items() if topic not in found}
             if not wanted:
@@ -232,7 +239,6 @@ class PluginCursors:
             found.update(answer.incarnations)
             for topic, why in answer.failed.items():
                 log.debug("%s: the plugin on %s could not follow it: %s", topic, broker, why)
-        self.loop.post(lambda: self._answer_follows(chunk, found))
 
     @staticmethod
     def _answer_follows(batch: Mapping[str, tuple[Followed, str]], found: Mapping[str, str]) -> None:

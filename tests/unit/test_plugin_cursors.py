@@ -445,3 +445,24 @@ def test_a_large_take_over_is_followed_in_requests_of_a_bounded_size_each_answer
     submitted[1]()
     _run_posted(cursors)
     assert partitions[2].followed_with == [f"{2:016x}"] and sent == [[f"{T0}-0", f"{T0}-1"], [f"{T0}-2"]]
+
+
+def test_a_follow_request_that_fails_unexpectedly_still_answers_its_partitions() -> None:
+    """A partition whose answer never came would wait for its subscription forever (it asks only once)."""
+    cursors, partition = _cursors(), _partition()
+    partition.followed_with = []
+    partition.followed = partition.followed_with.append
+
+    def plugin_follow(broker: str, tokens: dict[str, str]) -> Any:
+        raise ValueError("not what the plugin says")
+
+    cursors.admin = cast(Any, SimpleNamespace(admin_bases=[B1], plugin_follow=plugin_follow))
+    submitted: list[Any] = []
+    cursors.pool = cast(Any, SimpleNamespace(submit=submitted.append))
+    cursors._brokers = {B1: cast(Any, None)}
+    assert cursors.follow(partition, "0123456789abcdef")
+    _run_posted(cursors)
+    with pytest.raises(ValueError):
+        submitted[0]()
+    _run_posted(cursors)
+    assert partition.followed_with == [None]  # the admin API makes it
