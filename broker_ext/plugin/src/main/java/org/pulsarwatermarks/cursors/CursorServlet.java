@@ -382,28 +382,40 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
         return subscribed.thenCompose(made -> incarnation(topic.getManagedLedger(), token));
     }
 
-    /** Sets the property where unset; two requests for one topic at once share one setting, so one token wins. */
+    /**
+     * Sets the property where unset. One setting per topic at a time: a request that comes while another sets it
+     * shares that setting, and the one that sets reads the property again first, so every request is told the one
+     * token the topic keeps (two generators starting together ask for the same topics at once).
+     */
     private CompletableFuture<String> incarnation(ManagedLedger ledger, String token) {
         String inPlace = ledger.getProperties().get(Follows.INCARNATION_PROPERTY);
         if (inPlace != null) {
             return CompletableFuture.completedFuture(inPlace);
         }
-        return settingIncarnation.computeIfAbsent(ledger.getName(), name -> {
-            CompletableFuture<String> set = new CompletableFuture<>();
-            ledger.asyncSetProperty(Follows.INCARNATION_PROPERTY, token, new AsyncCallbacks.UpdatePropertiesCallback() {
-                @Override
-                public void updatePropertiesComplete(Map<String, String> properties, Object ctx) {
-                    set.complete(properties.getOrDefault(Follows.INCARNATION_PROPERTY, token));
-                }
+        String name = ledger.getName();
+        CompletableFuture<String> mine = new CompletableFuture<>();
+        CompletableFuture<String> running = settingIncarnation.putIfAbsent(name, mine);
+        if (running != null) {
+            return running;
+        }
+        mine.whenComplete((value, e) -> settingIncarnation.remove(name, mine));
+        inPlace = ledger.getProperties().get(Follows.INCARNATION_PROPERTY); // set by the one before us meanwhile?
+        if (inPlace != null) {
+            mine.complete(inPlace);
+            return mine;
+        }
+        ledger.asyncSetProperty(Follows.INCARNATION_PROPERTY, token, new AsyncCallbacks.UpdatePropertiesCallback() {
+            @Override
+            public void updatePropertiesComplete(Map<String, String> properties, Object ctx) {
+                mine.complete(properties.getOrDefault(Follows.INCARNATION_PROPERTY, token));
+            }
 
-                @Override
-                public void updatePropertiesFailed(ManagedLedgerException e, Object ctx) {
-                    set.completeExceptionally(e);
-                }
-            }, null);
-            set.whenComplete((value, e) -> settingIncarnation.remove(name, set));
-            return set;
-        });
+            @Override
+            public void updatePropertiesFailed(ManagedLedgerException e, Object ctx) {
+                mine.completeExceptionally(e);
+            }
+        }, null);
+        return mine;
     }
 
     /** Any thread: have the answer thread look at every waiting poll, once for a burst of changes. */
