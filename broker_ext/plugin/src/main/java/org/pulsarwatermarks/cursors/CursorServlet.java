@@ -282,21 +282,31 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
                     "POST " + BASE_PATH + "/acknowledge or " + BASE_PATH + "/follow only");
             return;
         }
-        Map<String, TopicCursors.Position> wanted;
-        try {
-            wanted = Acknowledgements.parse(new String(request.getInputStream().readAllBytes(), StandardCharsets.UTF_8));
-        } catch (IllegalArgumentException e) {
-            response.sendError(HttpServletResponse.SC_BAD_REQUEST, e.getMessage());
+        Map<String, TopicCursors.Position> wanted = allowedBody(request, response, Acknowledgements::parse);
+        if (wanted == null) {
             return;
-        }
-        Set<String> namespaces = new java.util.LinkedHashSet<>();
-        wanted.keySet().forEach(topic -> namespaces.add(Namespaces.namespaceOf(topic)));
-        if (view(request, response, namespaces, null) == null) {
-            return; // refused: it may not consume in one of them
         }
         Map<String, String> outcomes = new LinkedHashMap<>();
         wanted.forEach((topic, position) -> outcomes.put(topic, acknowledge(topic, position)));
         writeJson(response, Acknowledgements.render(outcomes));
+    }
+
+    /**
+     * A POST's body, per topic, as {@code parse} reads it, if it is well-formed (else 400 with the line) and the role
+     * may consume in every namespace it names (else refused); null once answered so.
+     */
+    private <T> Map<String, T> allowedBody(HttpServletRequest request, HttpServletResponse response,
+            java.util.function.Function<String, Map<String, T>> parse) throws IOException {
+        Map<String, T> wanted;
+        try {
+            wanted = parse.apply(new String(request.getInputStream().readAllBytes(), StandardCharsets.UTF_8));
+        } catch (IllegalArgumentException e) {
+            response.sendError(HttpServletResponse.SC_BAD_REQUEST, e.getMessage());
+            return null;
+        }
+        Set<String> namespaces = new java.util.LinkedHashSet<>();
+        wanted.keySet().forEach(topic -> namespaces.add(Namespaces.namespaceOf(topic)));
+        return view(request, response, namespaces, null) == null ? null : wanted; // refused: one it may not consume in
     }
 
     private String acknowledge(String topic, TopicCursors.Position position) {
@@ -330,17 +340,9 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
      * as the subscription is: the property is only ever set where unset, and every generator adopts the one in place.
      */
     private void follow(HttpServletRequest request, HttpServletResponse response) throws IOException {
-        Map<String, String> wanted;
-        try {
-            wanted = Follows.parse(new String(request.getInputStream().readAllBytes(), StandardCharsets.UTF_8));
-        } catch (IllegalArgumentException e) {
-            response.sendError(HttpServletResponse.SC_BAD_REQUEST, e.getMessage());
+        Map<String, String> wanted = allowedBody(request, response, Follows::parse);
+        if (wanted == null) {
             return;
-        }
-        Set<String> namespaces = new java.util.LinkedHashSet<>();
-        wanted.keySet().forEach(topic -> namespaces.add(Namespaces.namespaceOf(topic)));
-        if (view(request, response, namespaces, null) == null) {
-            return; // refused: it may not consume in one of them
         }
         Map<String, CompletableFuture<String>> pending = new LinkedHashMap<>();
         List<String> elsewhere = new ArrayList<>();
