@@ -455,7 +455,9 @@ class PartitionEngine:
         if snapshot is not None:
             phase.seen.append(snapshot)
             self.catalog.add(snapshot)
-            if snapshot.at[:2] >= phase.cursor:
+            if snapshot.at[:2] >= phase.cursor and snapshot.at[:2] >= position_before(phase.entries[0].position)[:2]:
+                # it states all before the first entry delivered (a delivery that starts later than the cursor
+                # leaves a gap no snapshot before it covers: rebuilt from the log at the search's end instead)
                 self._rebuild = None  # a fold still under way is not needed any more
                 log.info("%s: restored from the snapshot at %s stating %s",
                          self.topic, entry.position[:2], snapshot.at[:2])  # fmt: skip

@@ -122,6 +122,30 @@ def test_a_new_owner_restores_from_the_snapshot_at_the_generators_cursor_without
     assert isinstance(first.phase, Unowned)
 
 
+def test_a_take_over_whose_delivery_starts_after_a_gap_is_not_restored_across_it() -> None:
+    """Chaos, session 27 (seeds 224348, 224399, 224468, a standby taking over): the new owner was handed the
+    partition's entries from the first owner's ledger-start snapshot on, not from the generator's cursor. Restored
+    from that snapshot (stating the ledger's start), the entries between were never folded: watermarks withdrawn,
+    one premature. A delivered snapshot is restored from only where it states the position just before the first
+    entry delivered; else the state there is rebuilt from the log."""
+    world = World(config=EngineConfig(snapshot_interval_messages=1_000, snapshot_interval_s=1e9))  # no periodic one
+    world.w_set("A", 100)
+    world.w_set("B", 200)
+    first_owner(world)
+    snapshots = [e.position for e in world.ledgers[10] if e.marker and e.marker.kind is MarkerKind.W_SNAPSHOT]
+    assert snapshots and world.generator_cursor == (-1, -1), "the first owner wrote the ledger's start state only"
+    world.w_set("A", 300)
+    successor = world.engine()
+    world.commands.clear()
+    world.own(successor)
+    world.delivery.after = (*before_entry(snapshots[0]), -1)  # type: ignore[union-attr]  # the gap
+    world.settle()
+    head, truth = following(successor).head, world.truth(following(successor).log.head_position)
+    assert (head.watermark, head.producers) == (truth.watermark, truth.producers)
+    assert head.watermark == 200
+    assert of(world, ReadRange), "the entries before the first one delivered were read from the log"
+
+
 def test_a_cursor_at_next_ledger_minus_one_folds_the_entries_of_the_ledger_before_it() -> None:
     """Mirrors the fix in RELIABILITY ("(next ledger, -1)" after a broker restart): markers written just before
     the restart were never delivered to the generator, its cursor now names the next ledger."""
