@@ -123,11 +123,12 @@ def test_a_new_owner_restores_from_the_snapshot_at_the_generators_cursor_without
 
 
 def test_a_take_over_whose_delivery_starts_after_a_gap_is_not_restored_across_it() -> None:
-    """Chaos, session 27 (seeds 224348, 224399, 224468, a standby taking over): the new owner was handed the
-    partition's entries from the first owner's ledger-start snapshot on, not from the generator's cursor. Restored
-    from that snapshot (stating the ledger's start), the entries between were never folded: watermarks withdrawn,
-    one premature. A delivered snapshot is restored from only where it states the position just before the first
-    entry delivered; else the state there is rebuilt from the log."""
+    """Chaos, session 27 (seeds 224348, 224399, 224468, a standby taking over): the first owner's periodic snapshot
+    moved the generator's cursor inside the broker, so the plugin handed the standby only what came after it (the
+    ledger-start snapshot, then that periodic one); the cursor the standby had been told was the older one (the
+    ledger's start). It restored from the ledger-start snapshot, and the entries between were never folded:
+    watermarks withdrawn, one premature. A delivered snapshot is restored from only where it states the position
+    just before the first entry delivered; else the state there is rebuilt from the log."""
     world = World(config=EngineConfig(snapshot_interval_messages=1_000, snapshot_interval_s=1e9))  # no periodic one
     world.w_set("A", 100)
     world.w_set("B", 200)
