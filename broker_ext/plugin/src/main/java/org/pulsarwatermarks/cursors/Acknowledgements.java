@@ -1,6 +1,5 @@
 package org.pulsarwatermarks.cursors;
 
-import java.util.LinkedHashMap;
 import java.util.Map;
 
 /**
@@ -17,30 +16,11 @@ public final class Acknowledgements {
 
     /** The positions the body asks for, per topic, in its order; a malformed line is refused with its number. */
     public static Map<String, TopicCursors.Position> parse(String body) {
-        Map<String, TopicCursors.Position> wanted = new LinkedHashMap<>();
-        String[] lines = body.split("\n", -1);
-        for (int i = 0; i < lines.length; i++) {
-            String line = lines[i].strip();
-            if (line.isEmpty()) {
-                continue;
-            }
-            String[] parts = line.split("\\s+");
-            try {
-                if (parts.length != 3 || Namespaces.namespaceOf(parts[0]) == null) {
-                    throw new NumberFormatException();
-                }
-                long ledger = Long.parseLong(parts[1]);
-                long entry = Long.parseLong(parts[2]);
-                if (ledger < 0 || entry < -1) {
-                    throw new NumberFormatException();
-                }
-                wanted.put(parts[0], new TopicCursors.Position(ledger, entry));
-            } catch (NumberFormatException e) {
-                throw new IllegalArgumentException(
-                        "line " + (i + 1) + ": expected '<topic> <ledger> <entry>', got '" + line + "'");
-            }
-        }
-        return wanted;
+        return TopicLines.parse(body, "<topic> <ledger> <entry>", 2, fields -> {
+            long ledger = Long.parseLong(fields[0]);
+            long entry = Long.parseLong(fields[1]);
+            return ledger < 0 || entry < -1 ? null : new TopicCursors.Position(ledger, entry);
+        });
     }
 
     /** The answer: a JSON object of each topic's outcome. */

@@ -1,6 +1,5 @@
 package org.pulsarwatermarks.cursors;
 
-import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.regex.Pattern;
@@ -21,28 +20,15 @@ public final class Follows {
 
     /** The token offered per topic, in the body's order; a malformed line is refused with its number. */
     public static Map<String, String> parse(String body) {
-        Map<String, String> wanted = new LinkedHashMap<>();
-        String[] lines = body.split("\n", -1);
-        for (int i = 0; i < lines.length; i++) {
-            String line = lines[i].strip();
-            if (line.isEmpty()) {
-                continue;
-            }
-            String[] parts = line.split("\\s+");
-            if (parts.length != 2 || Namespaces.namespaceOf(parts[0]) == null || !TOKEN.matcher(parts[1]).matches()) {
-                throw new IllegalArgumentException("line " + (i + 1)
-                        + ": expected '<topic> <token of 16 hex digits>', got '" + line + "'");
-            }
-            wanted.put(parts[0], parts[1]);
-        }
-        return wanted;
+        return TopicLines.parse(body, "<topic> <token of 16 hex digits>", 1,
+                fields -> TOKEN.matcher(fields[0]).matches() ? fields[0] : null);
     }
 
     /** The answer: {@code {"incarnations": {topic: token in place}, "elsewhere": [topic], "failed": {topic: why}}}. */
     public static String render(Map<String, String> incarnations, List<String> elsewhere, Map<String, String> failed) {
         StringBuilder out = new StringBuilder(64 * (incarnations.size() + elsewhere.size() + failed.size()) + 64);
         out.append("{\"incarnations\":");
-        object(out, incarnations);
+        out.append(Acknowledgements.render(incarnations)); // a JSON object of strings, as that answer is
         out.append(",\"elsewhere\":[");
         String comma = "";
         for (String topic : elsewhere) {
@@ -51,20 +37,7 @@ public final class Follows {
             comma = ",";
         }
         out.append("],\"failed\":");
-        object(out, failed);
+        out.append(Acknowledgements.render(failed));
         return out.append('}').toString();
-    }
-
-    private static void object(StringBuilder out, Map<String, String> values) {
-        out.append('{');
-        String comma = "";
-        for (Map.Entry<String, String> value : values.entrySet()) {
-            out.append(comma);
-            ChangesJson.string(out, value.getKey());
-            out.append(':');
-            ChangesJson.string(out, value.getValue());
-            comma = ",";
-        }
-        out.append('}');
     }
 }
