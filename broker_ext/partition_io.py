@@ -80,8 +80,6 @@ log = logging.getLogger(__name__)
 
 RECEIVER_QUEUE = 1_000
 INCARNATION_RETRY_S = 1.0
-TOLD_INCARNATION_S = 30.0
-"""How long the property a plugin told stands in for a read of it (a topic re-created since would show it)."""
 INTAKE_STALL_S = 10.0
 """With the plugin's intake, entries the engine has not read for this long (the plugin's reading stalled): the
 consumer receives them instead (logged)."""
@@ -156,8 +154,6 @@ class PartitionIO:
         """By claim: this instance holds the topic's claim, so the partition is ours to follow."""
         self._subscription_made = False
         """By claim: `__wm_generator` exists (made by a plugin or the admin API where none reported the partition)."""
-        self._told_incarnation: tuple[str, float] | None = None
-        """The topic property `wm.incarnation` a plugin told as it made the subscription, and when (monotonic)."""
         self._lagging_since: float | None = None
         """Since when the engine's head has been behind the partition's last entry (`ReadLag`)."""
         self._labels = labels = (self.base_topic, str(self.partition))
@@ -288,8 +284,7 @@ class PartitionIO:
         if incarnation is None:
             self.ctx.pool.submit(self._make_subscription)
             return
-        self._told_incarnation = (incarnation, time.monotonic())
-        self._subscription_exists()
+        self._subscription_exists()  # the token in place comes again in the plugin's reports of the topic
 
     def _subscribe(self) -> None:
         try:
@@ -484,17 +479,18 @@ class PartitionIO:
             pass  # the engine logged it; the chaos suite keeps evidence of it
 
     def _answer_incarnation(self) -> None:
-        """From what a plugin told as it made the subscription, within `TOLD_INCARNATION_S` and once (a take-over
-        of a fresh topic: no admin call); else read through the admin API."""
-        told, self._told_incarnation = self._told_incarnation, None
-        if told is not None and time.monotonic() - told[1] < TOLD_INCARNATION_S:
-            token = told[0]
-            self.ctx.loop.post(lambda: self.handle(IncarnationRead(token)))
+        """From the plugin's latest report of the topic (a take-over, a standby's after a kill too: no admin call);
+        where none reports it, or it says unset, read through the admin API (only that read can say "unset" for
+        sure: the report may not show a token set a moment ago)."""
+        reported = self.ctx.poller.incarnation(self)
+        if reported is not None:
+            self.ctx.loop.post(lambda: self.handle(IncarnationRead(reported)))
         else:
             self.ctx.pool.submit(self._read_incarnation)
 
     def _read_incarnation(self) -> None:
         """The topic property naming the incarnation (on the pool); read again later while the broker is away."""
+        self.ctx.metrics.admin_calls.labels("properties").inc()
         try:
             token: str | None = self.ctx.admin.topic_properties(self.topic).get(INCARNATION_PROPERTY)
         except TopicNotFound:

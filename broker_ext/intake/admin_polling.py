@@ -357,6 +357,9 @@ class CursorPoller:
     def served_by(self, partition: Followed) -> str | None:
         return None
 
+    def incarnation(self, partition: Followed) -> str | None:
+        return None  # the admin API reads the property when asked
+
     def acknowledge(self, partition: Followed, position: tuple[int, int]) -> bool:
         return False  # through the admin API, the partition's consumer moves its cursor
 

@@ -65,6 +65,8 @@ class Pushed:
     broker: str
     cursors: CursorsPolled
     owner: str | None
+    incarnation: str | None
+    """The topic property `wm.incarnation` (None: unset, or a plugin too old to report it)."""
 
 
 def cursors_from(report: Mapping[str, Any]) -> tuple[CursorsPolled, str | None]:
@@ -159,6 +161,10 @@ class PluginCursors:
 
     def reports(self, partition: Followed) -> bool:
         return partition.topic in self._pushed
+
+    def incarnation(self, partition: Followed) -> str | None:
+        pushed = self._pushed.get(partition.topic)
+        return None if pushed is None else pushed.incarnation
 
     def served_by(self, partition: Followed) -> str | None:
         pushed = self._pushed.get(partition.topic)
@@ -298,7 +304,7 @@ class PluginCursors:
             self.fresh(fresh)
         for topic, report in reported.items():
             polled, owner = cursors_from(report)
-            pushed = Pushed(broker, polled, owner)
+            pushed = Pushed(broker, polled, owner, report.get("incarnation"))
             self._pushed[topic] = pushed
             partition = self._followed.get(topic)
             found = report.get("intake")

@@ -73,6 +73,11 @@ class CursorSource(Protocol):
         property to `token` where unset, answered by `partition.followed`; False where none can be asked."""
         ...
 
+    def incarnation(self, partition: Followed) -> str | None:
+        """The partition's topic property `wm.incarnation` as a broker's plugin reported it last; None where none
+        reports it or it is unset there (the admin API then reads it)."""
+        ...
+
     def reports(self, partition: Followed) -> bool:
         """Whether a broker's plugin reports the partition now (its `__wm_generator` subscription exists)."""
         ...

@@ -11,8 +11,10 @@ from pathlib import Path
 import pulsar
 import pytest
 
+from bench.common import metric_samples
 from broker_ext.ownership import owner_of
 from consumer import WatermarkConsumer
+from devtools.local_cluster import free_port
 from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.settings import PulsarSettings
@@ -37,9 +39,10 @@ def test_two_claiming_generators_one_killed_the_standby_takes_over_and_pulsar_fe
 ) -> None:
     topic = f"persistent://{namespace}/claimed"
     names = [f"claim-a-{uuid.uuid4().hex[:4]}", f"claim-b-{uuid.uuid4().hex[:4]}"]
+    ports = {name: free_port() for name in names}
     gens = {
         name: GeneratorProcess(pulsar_settings, tmp_path / f"{name}.log", name, WM_NAMESPACES=namespace,
-                               WM_OWNERSHIP="claim").start()
+                               WM_OWNERSHIP="claim", WM_METRICS_PORT=str(ports[name])).start()
         for name in names
     }  # fmt: skip
     recorder = Recorder()
@@ -68,6 +71,8 @@ def test_two_claiming_generators_one_killed_the_standby_takes_over_and_pulsar_fe
         survivor = next(name for name in gens if name != victim)
         assert (_claimant(admin, topic) or ("", ""))[0] == survivor
         assert "claimed" in gens[survivor].log_text()
+        # the topic's incarnation came in the plugin's report, not through the admin API
+        assert sum(metric_samples(ports[survivor], "wm_admin_calls_total", call="properties")) == 0
         print(f"the standby's first watermark came {took_s:.2f} s after the kill")
         assert_oracle_agrees(pulsar_client, admin, topic, gens[survivor].watermark_config)
     finally:

@@ -79,6 +79,7 @@ def test_the_plugin_tells_acknowledgements_seeks_resets_and_removals_as_internal
     changes.until(lambda: topic in changes.topics, "the followed topic")
     assert changes.topics[topic]["owner"] == "the-owner"
     assert changes.topics[topic]["created"] > 0
+    assert changes.topics[topic]["incarnation"] is None  # the property is unset
 
     def position(subscription: str) -> list[int]:
         return list(changes.topics[topic]["cursors"][subscription])
@@ -94,6 +95,8 @@ def test_the_plugin_tells_acknowledgements_seeks_resets_and_removals_as_internal
     changes.until(lambda: position("app")[1] < ids[0].entry_id(), "the seek back")
     admin.reset_cursor(topic, "app", (ids[3].ledger_id(), ids[3].entry_id()))  # an admin call
     changes.until(lambda: position("app") == [ids[2].ledger_id(), ids[2].entry_id()], "the reset")
+    admin.set_topic_properties(topic, {INCARNATION_PROPERTY: "00000000000000bb"})  # an admin call moving no cursor
+    changes.until(lambda: changes.topics[topic]["incarnation"] == "00000000000000bb", "the incarnation set")
 
     def unsubscribed() -> bool:
         try:
@@ -407,6 +410,9 @@ def test_following_topics_makes_their_subscriptions_and_sets_their_incarnation_o
         assert GENERATOR_SUBSCRIPTION in admin.topic_stats(topic)["subscriptions"]  # a durable subscription
     again = admin.plugin_follow(admin.base_url, {fresh: "3333333333333333"})
     assert again.incarnations == {fresh: "0123456789abcdef"}, "a token in place is never replaced"
+    changes = Changes(admin)  # and every report of the topics tells it: a take-over needs no admin read
+    changes.until(lambda: {t: changes.topics.get(t, {}).get("incarnation") for t in (fresh, named)}
+                  == {fresh: "0123456789abcdef", named: "00000000000000aa"}, "the incarnations in place")  # fmt: skip
     with pytest.raises(AdminError) as refused:
         admin.plugin_follow(admin.base_url, {fresh: "not-a-token"})
     assert refused.value.status == 400

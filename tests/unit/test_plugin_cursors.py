@@ -97,6 +97,23 @@ def test_a_move_goes_to_the_owner_and_the_sweep_leaves_the_partition_alone() -> 
     assert not cursors.poller._wanted
 
 
+def test_the_incarnation_a_plugin_reports_answers_a_take_over_without_an_admin_read() -> None:
+    """The topic property `wm.incarnation` rides in the plugin's report: a take-over (a standby's after a kill too)
+    needs no admin call to read it. Unset, or not reported (an older plugin, a topic no plugin serves): the admin
+    API reads it, as it always did."""
+    cursors, partition = _cursors(), _partition()
+    cursors.add(partition)
+    assert cursors.incarnation(partition) is None  # no plugin reports it yet
+    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": {T0: _report(3)}, "gone": []})
+    assert cursors.incarnation(partition) is None  # an older plugin: no such field
+    set_here = {**_report(3), "incarnation": "0123456789abcdef"}
+    cursors._answered(B1, {"epoch": "e", "seq": 2, "full": False, "topics": {T0: set_here}, "gone": []})
+    assert cursors.incarnation(partition) == "0123456789abcdef"
+    cursors._answered(B1, {"epoch": "e", "seq": 3, "full": False, "topics": {}, "gone": [T0]})
+    assert cursors.incarnation(partition) is None  # gone from its broker: not known here any more
+    assert cursors.poller.incarnation(partition) is None  # the admin path knows none without a call
+
+
 def test_another_owner_reported_is_a_lost_partition() -> None:
     cursors, partition = _cursors(), _partition()
     cursors.add(partition)

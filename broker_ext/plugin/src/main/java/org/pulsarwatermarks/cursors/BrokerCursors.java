@@ -41,8 +41,8 @@ final class BrokerCursors {
         ManagedLedger ledger = topic.getManagedLedger();
         List<TopicCursors.Ledger> ledgers = new ArrayList<>();
         ledger.getLedgersInfo().values().forEach(info -> ledgers.add(new TopicCursors.Ledger(info.getLedgerId(), info.getEntries())));
-        return new TopicCursors(
-                cursors, activeConsumer(generator), position(ledger.getLastConfirmedEntry()), ledgers, created(ledger));
+        return new TopicCursors(cursors, activeConsumer(generator), position(ledger.getLastConfirmedEntry()), ledgers,
+                created(ledger), ledger.getProperties().get(Follows.INCARNATION_PROPERTY));
     }
 
     private static final Field LEDGERS_STAT = ledgersStat();

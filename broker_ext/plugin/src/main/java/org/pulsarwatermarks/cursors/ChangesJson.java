@@ -46,12 +46,10 @@ public final class ChangesJson {
 
     private static void topic(StringBuilder out, TopicCursors cursors, TopicIntake.Batch intake) {
         out.append("{\"owner\":");
-        if (cursors.owner() == null) {
-            out.append("null");
-        } else {
-            string(out, cursors.owner());
-        }
+        stringOrNull(out, cursors.owner());
         out.append(",\"created\":").append(cursors.created());
+        out.append(",\"incarnation\":");
+        stringOrNull(out, cursors.incarnation());
         out.append(",\"lastConfirmed\":");
         position(out, cursors.lastConfirmed());
         out.append(",\"ledgers\":[");
@@ -80,6 +78,14 @@ public final class ChangesJson {
 
     private static void position(StringBuilder out, TopicCursors.Position position) {
         out.append('[').append(position.ledger()).append(',').append(position.entry()).append(']');
+    }
+
+    private static void stringOrNull(StringBuilder out, String text) {
+        if (text == null) {
+            out.append("null");
+        } else {
+            string(out, text);
+        }
     }
 
     static void string(StringBuilder out, String text) {

@@ -21,7 +21,7 @@ class CursorReportTest {
         TreeMap<String, TopicCursors.Position> map = new TreeMap<>();
         map.put("__wm_generator", new TopicCursors.Position(5, 1));
         map.put("app", new TopicCursors.Position(5, acknowledged));
-        return new TopicCursors(map, "gen-1", new TopicCursors.Position(5, lastEntry), List.of(new TopicCursors.Ledger(5, 0)), 1_700_000_000_000L);
+        return new TopicCursors(map, "gen-1", new TopicCursors.Position(5, lastEntry), List.of(new TopicCursors.Ledger(5, 0)), 1_700_000_000_000L, "0123456789abcdef");
     }
 
     @Test
@@ -106,8 +106,19 @@ class CursorReportTest {
         TreeMap<String, TopicCursors.Position> moved = new TreeMap<>(cursors(3).cursors());
         moved.put("__wm_generator", new TopicCursors.Position(5, 3));
         TopicCursors c = cursors(3);
-        report.update("a", new TopicCursors(moved, c.owner(), c.lastConfirmed(), c.ledgers(), c.created()));
+        report.update("a", new TopicCursors(moved, c.owner(), c.lastConfirmed(), c.ledgers(), c.created(), c.incarnation()));
         assertTrue(report.since("run", known).isEmpty());
+    }
+
+    @Test
+    void theIncarnationPropertySetOrChangedIsNews() {
+        CursorReport report = new CursorReport("run", 10);
+        TopicCursors c = cursors(3);
+        TopicCursors unset = new TopicCursors(c.cursors(), c.owner(), c.lastConfirmed(), c.ledgers(), c.created(), null);
+        report.update("a", unset);
+        long known = report.since("run", -1).seq();
+        report.update("a", c); // the generator's follow (or an admin call) set it: a standby takes it from here
+        assertEquals(Map.of("a", c), report.since("run", known).topics());
     }
 
     @Test
