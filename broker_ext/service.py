@@ -110,6 +110,8 @@ class GeneratorService:
         )
         self.partitions: dict[str, PartitionIO] = {}
         """Every partition followed, by topic name; touched only on the loop's thread."""
+        self._of_base: dict[str, dict[str, PartitionIO]] = {}
+        """The same partitions by base topic (a claim is a base topic's: no scan of every partition per claim)."""
         self._followed_at: dict[str, float] = {}
         """When each partition was followed (monotonic; loop thread): a list asked for before it does not drop it."""
         self._stop = threading.Event()
@@ -148,16 +150,14 @@ class GeneratorService:
 
     def _sync(self, wanted: set[str], listed_at: float) -> None:
         for topic in [t for t, p in self.partitions.items() if p.closed]:  # restarted (a re-created topic)
-            del self.partitions[topic]
-            self._followed_at.pop(topic, None)
+            self._unfollow(topic)
         self._follow(wanted)
         # a topic followed since the list was asked for (a plugin announced it) is not in it yet, not gone
         for topic in sorted(t for t in self.partitions.keys() - wanted if self._followed_at.get(t, 0.0) < listed_at):
             log.info("%s is gone; no longer following it", topic)
-            gone = self.partitions.pop(topic)
-            self._followed_at.pop(topic, None)
+            gone = self._unfollow(topic)
             gone.close()
-            if not any(p.base_topic == gone.base_topic for p in self.partitions.values()):
+            if gone.base_topic not in self._of_base:
                 self.dispatcher.forget(gone.base_topic)
                 if self.claims is not None:
                     self.claims.drop(gone.base_topic)
@@ -170,6 +170,7 @@ class GeneratorService:
             log.info("following %s", topic)
             partition = PartitionIO(topic, self.ctx, fresh=fresh)
             self.partitions[topic] = partition
+            self._of_base.setdefault(partition.base_topic, {})[topic] = partition
             self._followed_at[topic] = time.monotonic()
             self.cursors.add(partition)
             if self.claims is not None:
@@ -179,6 +180,15 @@ class GeneratorService:
                     self.claims.want(partition.base_topic, home=self._served_here(partition))
             partition.subscribe()
 
+    def _unfollow(self, topic: str) -> PartitionIO:
+        partition = self.partitions.pop(topic)
+        self._followed_at.pop(topic, None)
+        siblings = self._of_base[partition.base_topic]
+        del siblings[topic]
+        if not siblings:
+            del self._of_base[partition.base_topic]
+        return partition
+
     def _served_here(self, partition: PartitionIO) -> bool:
         """Whether this instance's own broker (the first of several admin URLs) serves the partition, as its plugin
         reports."""
@@ -187,12 +197,12 @@ class GeneratorService:
 
     def _claim_gained(self, base_topic: str, producer: pulsar.Producer) -> None:
         self.dispatcher.claimed(base_topic, producer)
-        for partition in [p for p in self.partitions.values() if p.base_topic == base_topic]:
+        for partition in list(self._of_base.get(base_topic, {}).values()):
             partition.claim(True)
 
     def _claim_lost(self, base_topic: str) -> None:
         self.dispatcher.unclaimed(base_topic)
-        for partition in [p for p in self.partitions.values() if p.base_topic == base_topic]:
+        for partition in list(self._of_base.get(base_topic, {}).values()):
             partition.claim(False)
 
     def head_position(self, topic: str) -> Position | None:
@@ -292,6 +302,7 @@ class GeneratorService:
             for partition in self.partitions.values():
                 partition.close()
             self.partitions.clear()
+            self._of_base.clear()
             closed.set()
 
         if self.loop.alive:
