@@ -154,6 +154,11 @@ class PartitionIO:
         """By claim: this instance holds the topic's claim, so the partition is ours to follow."""
         self._subscription_made = False
         """By claim: `__wm_generator` exists (made by a plugin or the admin API where none reported the partition)."""
+        self._plugin_follows = False
+        """By claim: a broker's plugin made (or is making) `__wm_generator`, so it reports the partition and, with its
+        intake, hands the markers over: no consumer of ours is needed (`_awaiting_intake`)."""
+        self._claimed_at = 0.0
+        """When the claim was granted (monotonic)."""
         self._lagging_since: float | None = None
         """Since when the engine's head has been behind the partition's last entry (`ReadLag`)."""
         self._labels = labels = (self.base_topic, str(self.partition))
@@ -191,9 +196,12 @@ class PartitionIO:
             return
         self.claimed = held
         if held:
-            if not self.ctx.poller.claimed(self):  # no plugin hands this partition's markers over: our consumer does
+            self._claimed_at = time.monotonic()
+            if self.ctx.poller.claimed(self):  # a plugin reports the partition and hands its markers over
+                self._plugin_follows = True
+            else:
                 self._intake = False
-                self.subscribe()
+                self.subscribe()  # our consumer receives them, unless a plugin follows it (`_awaiting_intake`)
             return
         self.lost("")
         self._intake = self._intake_stalled = False
@@ -257,11 +265,24 @@ class PartitionIO:
         if self.ctx.by_claim and not (self.claimed and not self._intake):
             if not self._subscription_made and not self.ctx.poller.reports(self):
                 self.subscribing = True
-                if not self.ctx.poller.follow(self, self.engine.config.new_incarnation()):
+                self._plugin_follows = self.ctx.poller.follow(self, self.engine.config.new_incarnation())
+                if not self._plugin_follows:
                     self.ctx.pool.submit(self._make_subscription)
+            return
+        if self.ctx.by_claim and self._awaiting_intake():
             return
         self.subscribing = True
         self.ctx.pool.submit(self._subscribe)
+
+    def _awaiting_intake(self) -> bool:
+        """Claimed, and a plugin follows the partition with its intake: its findings come next (a large take-over
+        is granted claims before the plugin's first report of their topics), so no consumer meanwhile, unless they
+        have not come `INTAKE_STALL_S` after the claim."""
+        return (
+            self._plugin_follows
+            and self.ctx.config.intake == "plugin"
+            and time.monotonic() - self._claimed_at < INTAKE_STALL_S
+        )
 
     def _make_subscription(self) -> None:
         try:
@@ -282,8 +303,10 @@ class PartitionIO:
         if self.closed:
             return
         if incarnation is None:
+            self._plugin_follows = False
             self.ctx.pool.submit(self._make_subscription)
             return
+        self._plugin_follows = True
         self._subscription_exists()  # the token in place comes again in the plugin's reports of the topic
 
     def _subscribe(self) -> None:
@@ -370,6 +393,7 @@ class PartitionIO:
 
     def _receive_through_consumer(self) -> None:
         handing, self._intake = self._intake, False
+        self._plugin_follows = False  # no plugin hands the markers over now
         if self.consumer is not None:
             if handing:
                 self.consumer.resume_message_listener()  # what it kept meanwhile is older: the engine skips it

@@ -13,6 +13,7 @@ import pytest
 
 from broker_ext.config import GeneratorConfig
 from broker_ext.intake.plugin_cursors import PluginCursors
+from broker_ext.partition_io import INTAKE_STALL_S
 from broker_ext.service import GeneratorService
 from pulsar_access.settings import PulsarSettings
 
@@ -55,6 +56,32 @@ def test_the_plugins_are_asked_for_the_namespaces_of_what_we_follow_only() -> No
         assert isinstance(service.cursors, PluginCursors)
         assert service.cursors.namespaces == ("acme/billing", "acme/orders", "public/default")
     finally:
+        service.pool.shutdown(wait=False, cancel_futures=True)
+        service.admin_pool.shutdown(wait=False, cancel_futures=True)
+        service.client.close()
+
+
+def test_a_claimed_partition_a_plugin_follows_waits_for_its_findings_instead_of_subscribing_a_consumer() -> None:
+    """A 5000-topic take-over granted claims before the plugin's first report of the topic: each such partition
+    subscribed a consumer at the next discovery, only to close it once the plugin's findings came. Where a plugin
+    made the subscription, the findings come next: no consumer, unless they have not come `INTAKE_STALL_S` after
+    the claim."""
+    config = GeneratorConfig(namespaces=("acme/orders",), metrics_port=0)  # the plugin's intake, by claim
+    service = GeneratorService(config, PulsarSettings("pulsar://127.0.0.1:1", "http://127.0.0.1:1"))
+    try:
+        service._follow({OURS})
+        partition = service.partitions[OURS]
+        partition.subscribing = True  # the follow request, in flight
+        partition.followed("0123456789abcdef")  # a plugin made the subscription; its report has not come yet
+        partition.claim(True)  # Pulsar granted the claim before that report
+        service._sync({OURS}, time.monotonic())  # a discovery: every partition is asked to subscribe
+        assert not partition.subscribing and partition.consumer is None
+        partition._claimed_at -= INTAKE_STALL_S  # the findings never came: the consumer receives
+        service._sync({OURS}, time.monotonic())
+        assert partition.subscribing
+    finally:
+        for partition in service.partitions.values():
+            partition.closed = True
         service.pool.shutdown(wait=False, cancel_futures=True)
         service.admin_pool.shutdown(wait=False, cancel_futures=True)
         service.client.close()
