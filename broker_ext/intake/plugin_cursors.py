@@ -364,7 +364,7 @@ class PluginCursors:
             self._refetch_later(broker)
             return
         reported = answer.get("topics") or {}
-        for topic in [t for t, p in self._pushed.items() if p.broker == broker and t in self._missed and t in missing]:
+        for topic in [t for t in missing if t in self._missed and (p := self._pushed.get(t)) and p.broker == broker]:
             partition = self._followed.get(topic)
             report = reported.get(topic)
             found = None if report is None else report.get("intake")
