@@ -299,7 +299,7 @@ class PartitionIO:
 
     def followed(self, incarnation: str | None) -> None:
         """A broker's plugin made `__wm_generator` (`incarnation`: the topic property in place), or none could
-        (None): the admin API makes it. The token answers the engine's next read of the property, if soon."""
+        (None): the admin API makes it."""
         if self.closed:
             return
         if incarnation is None:
