@@ -26,3 +26,11 @@ def test_waiting_for_a_generator_that_died_raises_with_its_exit_code_and_log(tmp
     with pytest.raises(RuntimeError, match=r"exited with 3.*generator\.log"):
         generator.wait_published(1, within_s=600)
     generator.log.close()
+
+
+def test_the_generators_hot_path_stand_in_publishes_every_topics_last_watermark() -> None:
+    """`python -m bench.generator_hot_path` times the real generator with no broker: it must still be doing the work
+    (each topic's last `W_SET` published), or its figure means nothing."""
+    from bench.generator_hot_path import TOPICS, main
+
+    assert main(["3"]) == TOPICS
