@@ -124,11 +124,7 @@ def main(argv: list[str]) -> int:
             pstats.Stats(profile).sort_stats("cumulative").print_stats(35)
         return current
     finally:
-        for partition in service.partitions.values():
-            partition.closed = True
-        service.pool.shutdown(wait=False, cancel_futures=True)
-        service.admin_pool.shutdown(wait=False, cancel_futures=True)
-        service.client.close()
+        service.close()
 
 
 if __name__ == "__main__":

@@ -308,6 +308,8 @@ class GeneratorService:
         if self.loop.alive:
             self.loop.post(close_partitions)
             closed.wait(10)
+        else:  # never ran (a test's or a bench's service, driven on its own thread)
+            close_partitions()
         self.cursors.close()
         self.loop.stop()
         self.pool.shutdown(wait=False, cancel_futures=True)

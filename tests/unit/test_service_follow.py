@@ -25,11 +25,7 @@ def service() -> Iterator[GeneratorService]:
     config = GeneratorConfig(namespaces=("acme/orders",), cursor_source="admin", metrics_port=0)
     service = GeneratorService(config, PulsarSettings("pulsar://127.0.0.1:1", "http://127.0.0.1:1"))
     yield service
-    for partition in service.partitions.values():
-        partition.closed = True
-    service.pool.shutdown(wait=False, cancel_futures=True)
-    service.admin_pool.shutdown(wait=False, cancel_futures=True)
-    service.client.close()
+    service.close()
 
 
 def test_an_announced_topic_of_ours_is_followed_at_once_and_others_are_not(service: GeneratorService) -> None:
@@ -56,9 +52,7 @@ def test_the_plugins_are_asked_for_the_namespaces_of_what_we_follow_only() -> No
         assert isinstance(service.cursors, PluginCursors)
         assert service.cursors.namespaces == ("acme/billing", "acme/orders", "public/default")
     finally:
-        service.pool.shutdown(wait=False, cancel_futures=True)
-        service.admin_pool.shutdown(wait=False, cancel_futures=True)
-        service.client.close()
+        service.close()
 
 
 def test_a_claimed_partition_a_plugin_follows_waits_for_its_findings_instead_of_subscribing_a_consumer() -> None:
@@ -80,8 +74,4 @@ def test_a_claimed_partition_a_plugin_follows_waits_for_its_findings_instead_of_
         service._sync({OURS}, time.monotonic())
         assert partition.subscribing
     finally:
-        for partition in service.partitions.values():
-            partition.closed = True
-        service.pool.shutdown(wait=False, cancel_futures=True)
-        service.admin_pool.shutdown(wait=False, cancel_futures=True)
-        service.client.close()
+        service.close()
