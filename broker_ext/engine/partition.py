@@ -337,8 +337,8 @@ class PartitionEngine:
         elif isinstance(phase, Unowned):
             self.earliest_read = min(entry.position, self.earliest_read or entry.position)
             self.phase = AwaitingCursor([entry])
-            log.info("%s: owner now; delivery starts at %s, reading the generator's cursor",
-                     self.topic, entry.position[:2])  # fmt: skip
+            log.debug("%s: owner now; delivery starts at %s, reading the generator's cursor",
+                      self.topic, entry.position[:2])  # fmt: skip
             out.append(PollCursors())
             out.append(ReadIncarnation())
         elif isinstance(phase, AwaitingCursor):
@@ -375,8 +375,8 @@ class PartitionEngine:
         cursor = normalized_cursor(polled.generator_cursor, polled.ledgers)
         taking = TakingOver(cursor, polled.last_confirmed, [], [], now)
         self.phase = taking
-        log.info("%s: looking for a snapshot after the generator's cursor %s (tail %s, incarnation %s)",
-                 self.topic, cursor, polled.last_confirmed, phase.token)  # fmt: skip
+        log.debug("%s: looking for a snapshot after the generator's cursor %s (tail %s, incarnation %s)",
+                  self.topic, cursor, polled.last_confirmed, phase.token)  # fmt: skip
         for entry in phase.entries:
             if self.phase is not taking:
                 self._entry(entry, now, out)  # restored already: the rest is followed
@@ -476,8 +476,8 @@ class PartitionEngine:
             log.warning("%s: no usable snapshot after the cursor %s; rebuilding the state up to %s",
                         self.topic, phase.cursor, before_first[:2])  # fmt: skip
         else:
-            log.info("%s: no snapshot after the generator's cursor; rebuilding the state before %s",
-                     self.topic, phase.entries[0].position[:2])  # fmt: skip
+            log.debug("%s: no snapshot after the generator's cursor; rebuilding the state before %s",
+                      self.topic, phase.entries[0].position[:2])  # fmt: skip
         self._start_rebuild(None, before_first, before_first, out, now)
 
     def _begin_following(
@@ -583,7 +583,7 @@ class PartitionEngine:
             if tracker is None:
                 tracker = SubscriptionTracker(name, f.head, mark_delete, mark_delete)
                 f.trackers[name] = tracker
-                log.info("%s: following subscription %r from %s", self.topic, name, (ledger, entry))
+                log.debug("%s: following subscription %r from %s", self.topic, name, (ledger, entry))
                 self._place(f, tracker)
             elif mark_delete < tracker.mark_delete:
                 log.info("%s: subscription %r moved back from %s to %s; recomputing its watermark",
