@@ -27,12 +27,16 @@ from pulsar_access.topics import watermark_topic_for
 from watermark_core.protocol import EVENT_PROPERTY, MARKER_PROPERTY, SEND_WATERMARK, Watermark
 
 FAST_ENV = {"WM_POLL_INTERVAL_S": "0.05", "WM_IDLE_POLL_INTERVAL_S": "1", "WM_SNAPSHOT_INTERVAL_MESSAGES": "10000"}
+SHARED_SNAPSHOT_KEY = "the-bench-generators-shared-snapshot-key"
+"""Every bench generator signs with it, as the instances of a deployment do (docs/SECURITY.md): a restart or a standby
+restores from the snapshots the one before wrote instead of rebuilding each partition from the log."""
 
 
 class Generator:
     """A `broker-ext serve` process following one namespace; its CPU time is read from /proc.
 
-    `config_env`: its WM_* settings (default: FAST_ENV; {} for the generator's own defaults).
+    `config_env`: its WM_* settings (default: FAST_ENV; {} for the generator's own defaults), over the shared
+    snapshot key.
     """
 
     def __init__(
@@ -41,7 +45,7 @@ class Generator:
         self.instance_id = f"bench-{uuid.uuid4().hex[:6]}"
         self.metrics_port = free_port()
         env = {
-            **os.environ, **(FAST_ENV if config_env is None else config_env),
+            **os.environ, "WM_SNAPSHOT_KEY": SHARED_SNAPSHOT_KEY, **(FAST_ENV if config_env is None else config_env),
             "PULSAR_SERVICE_URL": settings.service_url, "PULSAR_ADMIN_URL": settings.admin_url,
             "WM_NAMESPACES": namespace, "WM_METRICS_PORT": str(self.metrics_port),
             "WM_INSTANCE_ID": self.instance_id,
