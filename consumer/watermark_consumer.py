@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import _pulsar
 import pulsar
 
-from consumer.dispatcher import LISTENER_POLL_MS, Dispatcher, Listener
+from consumer.dispatcher import LISTENER_POLL_MS, Dispatcher
 from consumer.engine import (
     RECOMPUTE_WAIT_S,
     Acknowledged,
@@ -39,6 +39,7 @@ from consumer.engine import (
     Sought,
 )
 from consumer.lateness import Lateness
+from consumer.listener import Listener
 from consumer.trust import Lane, position_of
 from consumer.watermark_feed import WatermarkFeed
 from pulsar_access.errors import explained, service_url_of
