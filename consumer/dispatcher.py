@@ -22,12 +22,12 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
 
 import pulsar
 
 from consumer.engine import Command, Deliver, HandWatermark
 from consumer.lateness import Lateness
+from consumer.listener import Listener
 from watermark_core.protocol import Watermark
 
 log = logging.getLogger(__name__)
@@ -36,18 +36,6 @@ LISTENER_POLL_MS = 50
 """How long the thread waits in `receive` before it hands over what the feed queued meanwhile."""
 PAUSED_WAIT_S = 0.5
 """How long the thread waits for the inbox while it may not receive, before it looks again."""
-
-
-class Listener(Protocol):
-    """What the dispatcher calls on a listener: a `WatermarkListener` (consumer/listener.py), or any object with its
-    three methods. Named here, with the consumer as `Any`, so that no module of `consumer/` imports one that imports
-    it back (listener.py names the consumer's class in its hints)."""
-
-    def received(self, consumer: Any, message: pulsar.Message) -> None: ...
-
-    def received_watermark(self, consumer: Any, watermark: Watermark) -> None: ...
-
-    def watermark_withdrawn(self, consumer: Any) -> None: ...
 
 
 class Dispatcher:

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import _pulsar
 import pulsar
 
-from consumer.dispatcher import LISTENER_POLL_MS, Dispatcher, Listener
+from consumer.dispatcher import LISTENER_POLL_MS, Dispatcher
 from consumer.engine import (
     RECOMPUTE_WAIT_S,
     Acknowledged,
@@ -39,6 +39,7 @@ from consumer.engine import (
     Sought,
 )
 from consumer.lateness import Lateness
+from consumer.listener import Listener
 from consumer.trust import Lane, position_of
 from consumer.watermark_feed import WatermarkFeed
 from pulsar_access.errors import explained, service_url_of
@@ -176,7 +177,7 @@ class WatermarkConsumer:
                 listener=listener is not None,
                 perform=self._dispatcher.put if self._dispatcher is not None else None,
                 idle=self._dispatcher.idle if self._dispatcher is not None else None,
-                acknowledge=self._acknowledge_on_consumer, admin_url=admin_url, key=_message_id_at,
+                acknowledge=self._send_acknowledgement, admin_url=admin_url, key=_message_id_at,
             )  # fmt: skip
             try:
                 self._subscribe: Callable[[], pulsar.Consumer] = functools.partial(
@@ -264,30 +265,10 @@ class WatermarkConsumer:
         return message, key, lane
 
     def _marker(self, raw: Any) -> None:
-        """A marker: the engine skips it and acknowledges it; counted (a malformed one logged once per kind).
-
-        Through the lane when it is open both ways (received, then acknowledged at once: what the engine would do,
-        consumer/trust.py `Lane`), else the engine's."""
-        message, key, lane = self._wrap(raw)
-        quiet = False
-        if lane is not None:
-            token = self._lane_token
-            try:
-                token.pop()
-            except IndexError:  # the engine decides meanwhile: it decides this one too
-                pass
-            else:
-                try:
-                    if lane.receiving and lane.acknowledging and lane.after < key:
-                        lane.after = key
-                        lane.skipped.append(key)
-                        quiet = True
-                finally:
-                    token.append(True)
-        if quiet:
-            self._send_acknowledgement(message)
-        else:
-            self._feed.received(self._partition_of(key), key, message, True)
+        """A marker: the engine skips it and it is acknowledged (the feed's `received`: through the lane when it is
+        open both ways, else the engine's); counted (a malformed one logged once per kind)."""
+        message, key, _lane = self._wrap(raw)
+        self._feed.received(self._partition_of(key), key, message, True)
         try:
             decode_marker(raw.properties(), message.data(), message.producer_name(), position_of(key),
                           message.publish_timestamp())  # fmt: skip
@@ -306,11 +287,6 @@ class WatermarkConsumer:
         if key is None:
             key = message_or_id.message_id() if hasattr(message_or_id, "message_id") else message_or_id
         return self._partition_of(key), position_of(key)
-
-    def _acknowledge_on_consumer(self, message: object) -> None:
-        """Acknowledge on the current Pulsar consumer (`_on_consumer`): a message the engine skipped (a marker, a seek's
-        target), or one the pull path lets through that the binding did not take."""
-        self._on_consumer(lambda c: c.acknowledge(message))
 
     @property
     def late_messages(self) -> int:
@@ -491,13 +467,16 @@ class WatermarkConsumer:
                         return
                     except pulsar.AlreadyClosed:  # a seek is replacing the consumer (`_renew`)
                         pass
-                self._acknowledge_on_consumer(message)  # a method: a lambda here puts `message` in a cell per call
+                self._send_acknowledgement(message)  # a method: a lambda here puts `message` in a cell per call
                 return
             partition = lane.partition
         send = functools.partial(self._send_acknowledgement, message)
         self._feed.report(Acknowledged(partition, position_of(key), send))
 
     def _send_acknowledgement(self, message: Any) -> None:
+        """Acknowledge a message or message id on the current Pulsar consumer: the one home of sending one (the feed's
+        `acknowledge`: a marker, a seek's target; an acknowledgement the engine held, then released). `acknowledge`
+        writes its first lines inline for the hot path."""
         if type(message) is _Message:  # the binding's own call
             try:
                 self._raw.acknowledge(message._message)

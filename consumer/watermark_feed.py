@@ -243,24 +243,31 @@ class WatermarkFeed:
 
     def received(self, partition: int, key: Any, message: object, marker: bool = False) -> bool:
         """The client delivered `message` (`key`: its key in the lanes, consumer/trust.py `Lane`; a position by
-        default): whether the caller hands it to the application now. A data message the
-        partition's lane lets through (with `perform`, only while `idle()`: nothing commanded before it is still to
-        be carried out) costs one lock, and the caller hands it over; any other is `report`ed (a marker is skipped
-        and acknowledged; with `perform` the engine's `Deliver` reaches the application through it, and the caller
-        hands nothing). The consumer's pull path does the lane's part itself (`lanes`) and calls this for the rest."""
-        if not marker:
-            idle = self._idle
-            with self.lock:  # `deciding`, written out: the listener's thread comes here for every message
-                token = self.lane_token
-                try:
-                    token.pop()
-                except IndexError:
-                    take_lane_token(token)
-                try:
-                    if (idle is None or idle()) and self._engine.received_quietly(partition, key):
-                        return True
-                finally:
-                    token.append(True)
+        default): whether the caller hands it to the application now. A data message the partition's lane lets
+        through (with `perform`, only while `idle()`: nothing commanded before it is still to be carried out) costs
+        one lock, and the caller hands it over; so does a marker the lane lets through both ways (received and
+        acknowledged at once: it is acknowledged here, with `acknowledge`). Any other is `report`ed (a marker is
+        skipped and acknowledged; with `perform` the engine's `Deliver` reaches the application through it, and the
+        caller hands nothing). The one home of the lanes' protocol for a message off the pull path (markers, the
+        listener's thread, the pull path's messages its own inline copy did not let through)."""
+        idle, skipped = self._idle, False
+        with self.lock:  # `deciding`, written out: the listener's thread comes here for every message
+            token = self.lane_token
+            try:
+                token.pop()
+            except IndexError:
+                take_lane_token(token)
+            try:
+                if marker:
+                    skipped = self._engine.skipped_quietly(partition, key)
+                elif (idle is None or idle()) and self._engine.received_quietly(partition, key):
+                    return True
+            finally:
+                token.append(True)
+        if skipped:
+            if self._acknowledge is not None:
+                self._acknowledge(message)
+            return False
         commands = self.report(Received(partition, position_of(key), message, marker))
         return self._perform is None and any(type(command) is Deliver for command in commands)
 

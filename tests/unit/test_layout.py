@@ -91,8 +91,9 @@ def test_the_spark_source_on_the_driver_loads_no_pyarrow() -> None:
 
 
 def test_the_consumer_modules_import_one_another_without_a_circle() -> None:
-    """Type hints count too (`if TYPE_CHECKING:` imports): listener.py names `WatermarkConsumer`, so the consumer
-    names what it calls on a listener with a `Protocol` of its own (issue 48)."""
+    """Type hints count too (`if TYPE_CHECKING:` imports): listener.py types the consumer `Any`, so the listener
+    interface (its `Listener` protocol and `WatermarkListener`) has one home that the dispatcher and the consumer
+    import (issue 48)."""
     graph: dict[str, set[str]] = {}
     for path in sorted((ROOT / "consumer").glob("*.py")):
         names = {
@@ -103,3 +104,30 @@ def test_the_consumer_modules_import_one_another_without_a_circle() -> None:
         graph[f"consumer.{path.stem}"] = names - {f"consumer.{path.stem}"}
     assert_no_circle({module: names for module, names in graph.items() if module != "consumer.__init__"})
     assert "consumer.trust" in graph, "the trust rule lives in consumer/ (its one user is consumer/engine.py)"
+
+
+def test_nothing_in_consumer_but_the_package_imports_the_consumer_class() -> None:
+    """`watermark_consumer.py` is the consumer's shell at the top: the rooms under it (the feed, the dispatcher, the
+    listener interface) are given what they call, never import it, hints included (issue 48)."""
+    importers = sorted(
+        f"consumer.{path.stem}"
+        for path in (ROOT / "consumer").glob("*.py")
+        if path.stem not in ("__init__", "watermark_consumer")
+        and any(
+            isinstance(node, ast.ImportFrom) and node.module == "consumer.watermark_consumer"
+            for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        )
+    )
+    assert importers == []
+
+
+@pytest.mark.parametrize("package", [*sorted(ALLOWED), "devtools"])
+def test_no_module_imports_another_modules_private_names(package: str) -> None:
+    """A room that calls another's private names is two rooms pretending to be one (STYLE.md, the shell's rooms;
+    issue 48: devtools' JVM options had been shared through a private name)."""
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PROJECT:
+                found += [f"{path.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names if a.name[0] == "_"]
+    assert found == []
