@@ -589,6 +589,10 @@ class PartitionIO:
         if command.periodic:
             at_hand = self._last_position == command.state.position
             self._anchor = (self._last_position, self._last_message) if at_hand else None
+        if self._producer is None and self.ctx.poller.write_snapshot(
+            self, self._snapshot_producer_name, self._encoded(command), self._plugin_wrote
+        ):
+            return  # written inside the broker by its plugin: no producer of ours on the partition
         if self._producer is None:
             self._waiting_write = command
             if not self._creating_producer:
@@ -597,12 +601,29 @@ class PartitionIO:
             return
         self._send(self._producer, command)
 
+    def _plugin_wrote(self, where: Position | None, failure: str | None) -> None:
+        if self.closed:
+            return
+        if where is None:
+            self.handle(SnapshotFailed(f"the broker's plugin did not write the snapshot: {failure}"))
+        else:
+            self._written(where)
+
+    @property
+    def _snapshot_producer_name(self) -> str:
+        return f"{SNAPSHOT_PRODUCER_PREFIX}{self.ctx.config.instance_id}"
+
+    def _encoded(self, command: WriteSnapshot) -> bytes:
+        return encode_snapshot(
+            command.state, command.previous, keys=self.ctx.config.snapshot_keys, topic=self.topic,
+            incarnation=command.incarnation, created=command.created,
+        )  # fmt: skip
+
     def _create_producer(self) -> None:
         try:
             producer = self.ctx.client.create_producer(
-                self.topic, producer_name=f"{SNAPSHOT_PRODUCER_PREFIX}{self.ctx.config.instance_id}",
-                batching_enabled=False,
-            )  # fmt: skip
+                self.topic, producer_name=self._snapshot_producer_name, batching_enabled=False
+            )
         except Exception as exc:
             failure = exc
             self.ctx.loop.post(lambda: self._producer_ready(None, failure))
@@ -634,14 +655,7 @@ class PartitionIO:
                 loop.post(lambda: self.handle(SnapshotFailed(str(result))))
 
         try:
-            producer.send_async(
-                encode_snapshot(
-                    command.state, command.previous, keys=self.ctx.config.snapshot_keys, topic=self.topic,
-                    incarnation=command.incarnation, created=command.created,
-                ),
-                sent,
-                properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value},
-            )  # fmt: skip
+            producer.send_async(self._encoded(command), sent, properties={MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value})
         except pulsar.PulsarException as exc:
             failure = exc
             loop.post(lambda: self.handle(SnapshotFailed(str(failure))))

@@ -6,6 +6,7 @@ that is refused each raise `AdminError` with one line saying what to do.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import re
 import threading
@@ -57,6 +58,7 @@ class PluginFollowed:
 PLUGIN_CHANGES_PATH = "/watermark-cursors/changes"
 PLUGIN_ACKNOWLEDGE_PATH = "/watermark-cursors/acknowledge"
 PLUGIN_FOLLOW_PATH = "/watermark-cursors/follow"
+PLUGIN_SNAPSHOTS_PATH = "/watermark-cursors/snapshots"
 PLUGIN_FOLLOW_TIMEOUT_S = 40.0
 """The plugin answers a follow request within 30 s, with what is done by then (its FOLLOW_TIMEOUT_S)."""
 
@@ -591,6 +593,16 @@ class PulsarAdmin:
         answer = self._plugin_post(broker, PLUGIN_FOLLOW_PATH, body, timeout_s=PLUGIN_FOLLOW_TIMEOUT_S)
         return PluginFollowed(dict(answer.get("incarnations") or {}), list(answer.get("elsewhere") or []),
                               dict(answer.get("failed") or {}))  # fmt: skip
+
+    def plugin_write_snapshots(self, broker: str, records: Mapping[str, tuple[str, bytes]]) -> dict[str, str]:
+        """Have `broker`'s plugin write each topic's record (producer name, payload) into it as a `W_SNAPSHOT`
+        message (docs/PROTOCOL.md section 10, "Writing snapshots"). Per topic: "written <ledger> <entry>",
+        "elsewhere" (`broker` does not serve it) or "failed: ..."; raises `PluginMissing` where the broker does not
+        serve the plugin (or one older than this request) or refuses the role."""
+        body = "".join(f"{topic} {producer} {base64.b64encode(payload).decode()}\n"
+                       for topic, (producer, payload) in records.items())  # fmt: skip
+        outcomes: dict[str, str] = self._plugin_post(broker, PLUGIN_SNAPSHOTS_PATH, body)
+        return outcomes
 
     def _plugin_post(self, broker: str, path: str, body: str, timeout_s: float | None = None) -> Any:
         url = f"{broker}{path}"

@@ -53,7 +53,7 @@ from typing import Any
 
 from broker_ext.engine.vocabulary import CursorsPolled
 from broker_ext.intake.ack_watch import AckWatch, mark_delete_times
-from broker_ext.intake.source import Followed
+from broker_ext.intake.source import Followed, SnapshotDone
 from broker_ext.loop import EventLoop
 from pulsar_access.admin import AdminError, PulsarAdmin, TopicNotFound, last_confirmed_entry, mark_delete_of
 from watermark_core.protocol import GENERATOR_SUBSCRIPTION, INTERNAL_SUBSCRIPTIONS
@@ -362,6 +362,9 @@ class CursorPoller:
 
     def acknowledge(self, partition: Followed, position: tuple[int, int]) -> bool:
         return False  # through the admin API, the partition's consumer moves its cursor
+
+    def write_snapshot(self, partition: Followed, producer: str, payload: bytes, done: SnapshotDone) -> bool:
+        return False  # no plugin here: the partition's producer writes it
 
     def follow(self, partition: Followed, token: str) -> bool:
         return False  # no plugin here: the admin API makes the subscription

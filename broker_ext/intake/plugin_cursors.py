@@ -27,10 +27,10 @@ from typing import Any
 from broker_ext.engine.vocabulary import CursorsPolled
 from broker_ext.intake.admin_polling import CursorPoller
 from broker_ext.intake.plugin_stream import intake_report
-from broker_ext.intake.source import Followed
+from broker_ext.intake.source import Followed, SnapshotDone
 from broker_ext.loop import EventLoop
 from pulsar_access.admin import AdminError, PluginMissing, PulsarAdmin
-from watermark_core.protocol import GENERATOR_SUBSCRIPTION, INTERNAL_SUBSCRIPTIONS
+from watermark_core.protocol import GENERATOR_SUBSCRIPTION, INTERNAL_SUBSCRIPTIONS, position_of
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,11 @@ class PluginCursors:
         loop's turn (loop thread)."""
         self._acks: dict[str, dict[str, tuple[int, int]]] = {}
         """Broker -> topic -> where its generator cursor moves, sent at the end of the loop's turn (loop thread)."""
+        self._writes: dict[str, dict[str, tuple[str, bytes, SnapshotDone]]] = {}
+        """Broker -> topic -> (producer name, payload, answer) of a snapshot record its plugin is to write, sent at the
+        end of the loop's turn (loop thread)."""
+        self._writes_refused: set[str] = set()
+        """Brokers whose plugin does not write snapshots (an older one, or the role may not): producers do there."""
         self._stopping = threading.Event()
         self._said_path = False
 
@@ -197,6 +202,52 @@ class PluginCursors:
                               lambda: self._send_acks(pushed.broker))  # fmt: skip
         batch[partition.topic] = max(position, batch.get(partition.topic, position))
         return True
+
+    def write_snapshot(self, partition: Followed, producer: str, payload: bytes, done: SnapshotDone) -> bool:
+        """Have the plugin of the broker that reports the partition write a `W_SNAPSHOT` record into it under the
+        producer name `producer` (docs/PROTOCOL.md section 10, "Writing snapshots"); `done(position, None)` or
+        `done(None, why)` on the loop thread. False where no plugin can (the partition's producer writes it)."""
+        pushed = self._pushed.get(partition.topic)
+        if pushed is None or pushed.broker in self._writes_refused:
+            return False
+        batch = self._writes.get(pushed.broker)
+        if batch is None:
+            batch = self._writes[pushed.broker] = {}
+            self.loop.post(functools.partial(self._send_writes, pushed.broker))  # after this turn: one request
+        batch[partition.topic] = (producer, payload, done)  # the engine has one record of a partition in flight
+        return True
+
+    def _send_writes(self, broker: str) -> None:
+        batch = self._writes.pop(broker, None)
+        if not batch:
+            return
+
+        def work() -> None:
+            records = {topic: (producer, payload) for topic, (producer, payload, _) in batch.items()}
+            try:
+                outcomes = self.admin.plugin_write_snapshots(broker, records)
+            except PluginMissing as exc:
+                self.loop.post(lambda: self._writes_refused.add(broker))
+                log.warning("the plugin on %s does not write snapshots (%s): the generator's producers write them "
+                            "there", broker, exc)  # fmt: skip
+                outcomes = {topic: f"failed: {exc}" for topic in batch}
+            except AdminError as exc:
+                outcomes = {topic: f"failed: {exc}" for topic in batch}
+            else:
+                self._count("plugin-snapshots")
+            self.loop.post(lambda: self._answer_writes(batch, outcomes))
+
+        self.pool.submit(work)
+
+    @staticmethod
+    def _answer_writes(batch: Mapping[str, tuple[str, bytes, SnapshotDone]], outcomes: Mapping[str, str]) -> None:
+        for topic, (_, _, done) in batch.items():
+            outcome = outcomes.get(topic, "failed: not in the plugin's answer")
+            fields = outcome.split()
+            if len(fields) == 3 and fields[0] == "written":
+                done(position_of(int(fields[1]), int(fields[2]), -1), None)
+            else:
+                done(None, outcome)
 
     def follow(self, partition: Followed, token: str) -> bool:
         """Have a plugin make the partition's `__wm_generator` subscription and set its incarnation property to

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from broker_ext.engine.vocabulary import CursorsPolled
 from broker_ext.intake.plugin_stream import IntakeReport
+from watermark_core.protocol import Position
+
+SnapshotDone = Callable[[Position | None, str | None], None]
+"""How a snapshot record written by a plugin is answered: (where it is, None) or (None, why it is not)."""
 
 
 class Followed(Protocol):
@@ -66,6 +71,11 @@ class CursorSource(Protocol):
 
     def acknowledge(self, partition: Followed, position: tuple[int, int]) -> bool:
         """Move the partition's generator cursor to `position` without its consumer; False: the consumer must."""
+        ...
+
+    def write_snapshot(self, partition: Followed, producer: str, payload: bytes, done: SnapshotDone) -> bool:
+        """Have a broker's plugin write the partition's snapshot record (under the producer name `producer`),
+        answered by `done` on the loop thread; False where none can (the partition's own producer writes it)."""
         ...
 
     def follow(self, partition: Followed, token: str) -> bool:

@@ -13,6 +13,7 @@ import pulsar
 import pytest
 
 from bench.common import metric_samples
+from broker_ext.config import SNAPSHOT_PRODUCER_PREFIX
 from broker_ext.engine.partition import decode_raw
 from broker_ext.intake.plugin_stream import IntakeReport, intake_report
 from consumer import WatermarkConsumer
@@ -160,10 +161,12 @@ def test_a_generator_is_told_only_of_the_namespaces_it_follows(
 
 @pytest.mark.parametrize("source", ["auto", "admin"])
 def test_the_generator_follows_acknowledgements_with_the_plugin_and_through_the_admin_api(
-    source: str, pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, namespace: str, tmp_path: Path
+    source: str, pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str,
+    tmp_path: Path,
 ) -> None:
     """The same watermarks whichever path the positions take; with the plugin, no admin call per topic while
-    acknowledgements move the watermark (steady state), and the log says which path the generator took."""
+    acknowledgements move the watermark (steady state), the log says which path the generator took, and the
+    plugin writes the snapshots (through the admin API, a producer per partition does)."""
     metrics_port = free_port()
     generator = GeneratorProcess(pulsar_settings, tmp_path / "generator.log", f"plugin-{source}",
                                  WM_NAMESPACES=namespace, WM_CURSOR_SOURCE=source,
@@ -199,6 +202,14 @@ def test_the_generator_follows_acknowledgements_with_the_plugin_and_through_the_
             assert calls > 0
             assert "through the admin API" in log
         assert all(watermarks(r) == [1_000, 1_100, 1_200, 1_300] for r in recorders)
+        wait_until(lambda: sum(metric_samples(metrics_port, "wm_snapshots_written_total")) >= len(topics),
+                   what="a snapshot of every topic")  # fmt: skip
+        snapshot_producers = [p["producerName"] for t in topics for p in admin.topic_stats(t)["publishers"]
+                              if p["producerName"].startswith(SNAPSHOT_PRODUCER_PREFIX)]  # fmt: skip
+        if source == "auto":  # the plugin writes them: no producer of the generator's on the data topics
+            assert snapshot_producers == []
+        else:
+            assert len(snapshot_producers) == len(topics)
         for c in consumers:
             c.close()
     finally:
@@ -386,6 +397,37 @@ def test_the_generators_cursor_is_moved_inside_the_broker_with_no_consumer_of_it
     assert cursor() == f"{second[0]}:{second[1]}", "an older position does not move the cursor back"
     with pytest.raises(AdminError) as refused:
         admin.plugin_acknowledge(admin.base_url, {"not-a-topic": (1, 1)})
+    assert refused.value.status == 400
+    producer.close()
+
+
+def test_the_plugin_writes_a_snapshot_record_into_a_topic_it_serves_as_a_producer_would(
+    pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str
+) -> None:
+    """Issue 47: a `W_SNAPSHOT` written by the plugin, with no producer of the generator's, reads back as the
+    message a producer would have sent: at the position answered, with the marker property and the payload."""
+    topic = f"persistent://{namespace}/snapshotted-{uuid.uuid4().hex[:8]}"
+    producer = pulsar_client.create_producer(topic, batching_enabled=False)
+    producer.send(b"data")
+    elsewhere = f"persistent://{namespace}/never-made-{uuid.uuid4().hex[:8]}"
+    payload = bytes(range(256))
+    name = f"{SNAPSHOT_PRODUCER_PREFIX}g1"
+    answer = admin.plugin_write_snapshots(admin.base_url, {topic: (name, payload), elsewhere: (name, b"x")})
+    assert answer[elsewhere] == "elsewhere"
+    written, ledger, entry = answer[topic].split()
+    assert written == "written"
+    reader = pulsar_client.create_reader(topic, pulsar.MessageId.earliest)
+    try:
+        data, record = reader.read_next(10_000), reader.read_next(10_000)
+    finally:
+        reader.close()
+    assert data.data() == b"data" and MARKER_PROPERTY not in data.properties()
+    assert (record.message_id().ledger_id(), record.message_id().entry_id()) == (int(ledger), int(entry))
+    assert record.properties() == {MARKER_PROPERTY: MarkerKind.W_SNAPSHOT.value}
+    assert record.data() == payload
+    assert [p["producerName"] for p in admin.topic_stats(topic)["publishers"]] == [producer.producer_name()]
+    with pytest.raises(AdminError) as refused:
+        admin.plugin_write_snapshots(admin.base_url, {"not-a-topic": ("p", b"x")})
     assert refused.value.status == 400
     producer.close()
 

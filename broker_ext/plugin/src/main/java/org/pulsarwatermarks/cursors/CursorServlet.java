@@ -1,5 +1,6 @@
 package org.pulsarwatermarks.cursors;
 
+import io.netty.buffer.ByteBuf;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
@@ -35,6 +36,7 @@ import org.apache.pulsar.broker.authorization.AuthorizationService;
 import org.apache.pulsar.broker.intercept.BrokerInterceptor;
 import org.apache.pulsar.broker.intercept.BrokerInterceptorWithClassLoader;
 import org.apache.pulsar.broker.intercept.BrokerInterceptors;
+import org.apache.pulsar.broker.service.Topic;
 import org.apache.pulsar.broker.service.persistent.PersistentSubscription;
 import org.apache.pulsar.broker.service.persistent.PersistentTopic;
 import org.apache.pulsar.broker.web.AuthenticationFilter;
@@ -78,6 +80,8 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
     private final Queue<Waiter> waiters = new ConcurrentLinkedQueue<>();
     private final Map<String, CompletableFuture<String>> settingIncarnation = new ConcurrentHashMap<>();
     private final AtomicBoolean wakeAsked = new AtomicBoolean();
+    /** The sequence ids of the snapshot records written here (no deduplication reads them). */
+    private final java.util.concurrent.atomic.AtomicLong snapshotSequence = new java.util.concurrent.atomic.AtomicLong();
     private final ScheduledThreadPoolExecutor answers = answerThread();
     private long sweepIntervalMs = 2000;
     private String watermarkNamespace = "public/__watermarks";
@@ -277,9 +281,13 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
             follow(request, response);
             return;
         }
+        if ("/snapshots".equals(request.getPathInfo())) {
+            writeSnapshots(request, response);
+            return;
+        }
         if (!"/acknowledge".equals(request.getPathInfo())) {
-            response.sendError(HttpServletResponse.SC_NOT_FOUND,
-                    "POST " + BASE_PATH + "/acknowledge or " + BASE_PATH + "/follow only");
+            response.sendError(HttpServletResponse.SC_NOT_FOUND, "POST " + BASE_PATH + "/acknowledge, " + BASE_PATH
+                    + "/follow or " + BASE_PATH + "/snapshots only");
             return;
         }
         Map<String, TopicCursors.Position> wanted = allowedBody(request, response, Acknowledgements::parse);
@@ -331,6 +339,81 @@ public final class CursorServlet extends HttpServlet implements AdditionalServle
             log.warn("watermark-cursors: moving the generator's cursor of {} to {} failed", topic, position, e);
             return "failed: " + e;
         }
+    }
+
+    /**
+     * {@code POST /watermark-cursors/snapshots} ({@link SnapshotWrites}): the generator's snapshot records written
+     * into the data topics this broker serves, with no producer of the generator's: 5000 producers, one per
+     * partition, cost a take-over of 5000 fresh topics about as much of the broker's CPU as the rest of the tail after
+     * it. Allowed where the role may consume (as the report) and produce (as its producer was).
+     */
+    private void writeSnapshots(HttpServletRequest request, HttpServletResponse response) throws IOException {
+        Map<String, SnapshotWrites.Wanted> wanted = allowedBody(request, response, SnapshotWrites::parse);
+        if (wanted == null) {
+            return;
+        }
+        String role = (String) request.getAttribute(AuthenticationFilter.AuthenticatedRoleAttributeName);
+        AuthenticationDataSource data =
+                (AuthenticationDataSource) request.getAttribute(AuthenticationFilter.AuthenticatedDataAttributeName);
+        for (String topic : wanted.keySet()) {
+            String namespace = Namespaces.namespaceOf(topic);
+            if (!produce.allowed(role, namespace, data)) {
+                refuse(response, HttpServletResponse.SC_FORBIDDEN, "role " + role + " may not produce in namespace "
+                        + namespace + ", so the plugin does not write its snapshots there: grant it (pulsar-admin "
+                        + "namespaces grant-permission " + namespace + " --role " + role + " --actions produce,consume)");
+                return;
+            }
+        }
+        Map<String, CompletableFuture<String>> pending = new LinkedHashMap<>();
+        wanted.forEach((topic, record) -> pending.put(topic,
+                pulsar.getBrokerService().getTopicReference(topic).orElse(null) instanceof PersistentTopic served
+                        ? written(served, record) : CompletableFuture.completedFuture(Acknowledgements.ELSEWHERE)));
+        try {
+            CompletableFuture.allOf(pending.values().toArray(new CompletableFuture<?>[0]))
+                    .get(CHECK_TIMEOUT_S, TimeUnit.SECONDS);
+        } catch (Exception e) {
+            // each topic's own outcome is read below: some may be late
+        }
+        Map<String, String> outcomes = new LinkedHashMap<>();
+        pending.forEach((topic, outcome) -> outcomes.put(topic,
+                outcome.getNow("failed: not written within " + CHECK_TIMEOUT_S + " s")));
+        writeJson(response, Acknowledgements.render(outcomes));
+    }
+
+    /** Appends the record to the topic as Pulsar's replicated-subscriptions controller writes its markers. */
+    private CompletableFuture<String> written(PersistentTopic topic, SnapshotWrites.Wanted record) {
+        CompletableFuture<String> outcome = new CompletableFuture<>();
+        long sequenceId = snapshotSequence.incrementAndGet();
+        ByteBuf entry = SnapshotWrites.entry(record, sequenceId, System.currentTimeMillis());
+        try {
+            topic.publishMessage(entry, new Topic.PublishContext() {
+                @Override
+                public void completed(Exception e, long ledgerId, long entryId) {
+                    outcome.complete(e != null ? "failed: " + e
+                            : ledgerId < 0 ? "failed: not written" : SnapshotWrites.written(ledgerId, entryId));
+                }
+
+                @Override
+                public String getProducerName() {
+                    return record.producer();
+                }
+
+                @Override
+                public long getSequenceId() {
+                    return sequenceId;
+                }
+
+                @Override
+                public boolean isMarkerMessage() {
+                    return true; // deduplication lets it by: a snapshot written twice is harmless
+                }
+            });
+        } catch (RuntimeException e) {
+            outcome.complete("failed: " + e);
+        } finally {
+            entry.release(); // the managed ledger holds its own reference while it writes
+        }
+        return outcome;
     }
 
     /**
