@@ -13,6 +13,7 @@ from broker_ext.engine.vocabulary import CursorsPolled
 from broker_ext.intake.admin_polling import CursorPoller
 from broker_ext.intake.plugin_cursors import ACK_GATHER_S, PluginCursors, cursors_from
 from broker_ext.loop import EventLoop
+from pulsar_access.admin import PluginMissing
 
 pytestmark = pytest.mark.unit
 
@@ -483,3 +484,49 @@ def test_a_follow_request_that_fails_unexpectedly_still_answers_its_partitions()
         submitted[0]()
     _run_posted(cursors)
     assert partition.followed_with == [None]  # the admin API makes it
+
+
+def test_snapshots_are_written_by_the_plugin_that_reports_the_topic_and_an_older_plugin_leaves_them_to_producers() -> (
+    None
+):
+    """Issue 47: a snapshot record goes to the plugin of the broker that reports its topic, the records of a turn in
+    one request; each is answered with where it was written or why not; a plugin without the endpoint is not asked
+    again (the partitions' producers write there)."""
+    cursors, partition, other = _cursors(), _partition(), _partition(T0 + "-2")
+    asked: list[tuple[str, dict[str, tuple[str, bytes]]]] = []
+    answers: list[Any] = [{T0: "written 5 7", T0 + "-2": "elsewhere"}, PluginMissing("404", 404)]
+
+    def plugin_write_snapshots(broker: str, records: dict[str, tuple[str, bytes]]) -> Any:
+        asked.append((broker, dict(records)))
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    cursors.admin = cast(Any, SimpleNamespace(plugin_write_snapshots=plugin_write_snapshots))
+    submitted: list[Any] = []
+    cursors.pool = cast(Any, SimpleNamespace(submit=submitted.append))
+    done: list[tuple[str, Any, Any]] = []
+    for p in (partition, other):
+        cursors.add(p)
+    assert not cursors.write_snapshot(partition, "g", b"s0", lambda w, f: done.append(("t", w, f)))  # not reported
+    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True,
+                           "topics": {T0: _report(3), T0 + "-2": _report(3)}, "gone": []})  # fmt: skip
+    assert cursors.write_snapshot(partition, "g", b"s1", lambda w, f: done.append(("t", w, f)))
+    assert cursors.write_snapshot(other, "g", b"s2", lambda w, f: done.append(("t2", w, f)))
+    _run_posted(cursors)
+    for work in submitted:
+        work()
+    _run_posted(cursors)
+    assert asked == [(B1, {T0: ("g", b"s1"), T0 + "-2": ("g", b"s2")})]
+    assert done == [("t", (5, 7, -1), None), ("t2", None, "elsewhere")]
+
+    submitted.clear()
+    done.clear()
+    assert cursors.write_snapshot(partition, "g", b"s3", lambda w, f: done.append(("t", w, f)))
+    _run_posted(cursors)
+    for work in submitted:
+        work()
+    _run_posted(cursors)
+    assert done[0][1] is None and "404" in done[0][2]
+    assert not cursors.write_snapshot(partition, "g", b"s4", lambda w, f: done.append(("t", w, f)))
