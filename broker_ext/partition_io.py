@@ -1,9 +1,10 @@
-"""One partition's Pulsar side: the consumer that makes it ours, its snapshot producer, and its engine.
+"""One partition's Pulsar side: the consumer that makes it ours, its snapshots' way into the topic, and its engine.
 
-Everything here runs on the event loop's thread (broker_ext/loop.py), except what is handed to the
-worker pool and comes back as an event: subscribing, creating the snapshot producer, the reads of
-a rebuild. A partition costs nothing while nothing happens on it: no thread, no timer, no admin
-call beyond the sweep of its topic (broker_ext/intake/admin_polling.py).
+A snapshot goes through the broker's plugin where one reports the partition (`CursorSource.write_snapshot`),
+else through a producer of the partition's own. Everything here runs on the event loop's thread
+(broker_ext/loop.py), except what is handed to the worker pool and comes back as an event: subscribing,
+creating the snapshot producer, the reads of a rebuild. A partition costs nothing while nothing happens on
+it: no thread, no timer, no admin call beyond the sweep of its topic (broker_ext/intake/admin_polling.py).
 """
 
 from __future__ import annotations
