@@ -46,6 +46,9 @@ ACK_GATHER_S = 1.0
 """The generator's cursor moves of this long go to a broker in one request. A move only lets retention drop what
 a snapshot covers, so a second's delay costs nothing; a request per turn of the loop was a fifth of the
 generator's Python CPU at 200 topics of one W_SET a second (docs/DECISIONS.md, session 27)."""
+WRITE_GATHER_S = 0.5
+"""How long snapshot records wait to go to a plugin together: a request per turn of the loop cost the generator about
+0.05 ms per `W_SET` in the burst, where each topic's periodic snapshot comes due at its own time."""
 RETRY_MAX_S = 5.0
 LOST_AFTER_S = 3.0
 """A broker that has not answered for this long: its topics go back to admin reads until a plugin reports them."""
@@ -213,7 +216,8 @@ class PluginCursors:
         batch = self._writes.get(pushed.broker)
         if batch is None:
             batch = self._writes[pushed.broker] = {}
-            self.loop.post(functools.partial(self._send_writes, pushed.broker))  # after this turn: one request
+            self.loop.call_at(time.time() + WRITE_GATHER_S, ("plugin-writes", pushed.broker),
+                              functools.partial(self._send_writes, pushed.broker))  # fmt: skip
         batch[partition.topic] = (producer, payload, done)  # the engine has one record of a partition in flight
         return True
 

@@ -11,7 +11,7 @@ import pytest
 
 from broker_ext.engine.vocabulary import CursorsPolled
 from broker_ext.intake.admin_polling import CursorPoller
-from broker_ext.intake.plugin_cursors import ACK_GATHER_S, PluginCursors, cursors_from
+from broker_ext.intake.plugin_cursors import ACK_GATHER_S, WRITE_GATHER_S, PluginCursors, cursors_from
 from broker_ext.loop import EventLoop
 from pulsar_access.admin import PluginMissing
 
@@ -489,9 +489,9 @@ def test_a_follow_request_that_fails_unexpectedly_still_answers_its_partitions()
 def test_snapshots_are_written_by_the_plugin_that_reports_the_topic_and_an_older_plugin_leaves_them_to_producers() -> (
     None
 ):
-    """Issue 47: a snapshot record goes to the plugin of the broker that reports its topic, the records of a turn in
-    one request; each is answered with where it was written or why not; a plugin without the endpoint is not asked
-    again (the partitions' producers write there)."""
+    """Issue 47: a snapshot record goes to the plugin of the broker that reports its topic, the records of half a
+    second in one request; each is answered with where it was written or why not; a plugin without the endpoint
+    is not asked again (the partitions' producers write there)."""
     cursors, partition, other = _cursors(), _partition(), _partition(T0 + "-2")
     asked: list[tuple[str, dict[str, tuple[str, bytes]]]] = []
     answers: list[Any] = [{T0: "written 5 7", T0 + "-2": "elsewhere"}, PluginMissing("404", 404)]
@@ -515,6 +515,10 @@ def test_snapshots_are_written_by_the_plugin_that_reports_the_topic_and_an_older
     assert cursors.write_snapshot(partition, "g", b"s1", lambda w, f: done.append(("t", w, f)))
     assert cursors.write_snapshot(other, "g", b"s2", lambda w, f: done.append(("t2", w, f)))
     _run_posted(cursors)
+    assert submitted == [] and asked == []  # gathered for a while first
+    due = cursors.loop.scheduled(("plugin-writes", B1))
+    assert due is not None and due - time.time() > WRITE_GATHER_S / 2
+    cursors._send_writes(B1)
     for work in submitted:
         work()
     _run_posted(cursors)
@@ -524,7 +528,7 @@ def test_snapshots_are_written_by_the_plugin_that_reports_the_topic_and_an_older
     submitted.clear()
     done.clear()
     assert cursors.write_snapshot(partition, "g", b"s3", lambda w, f: done.append(("t", w, f)))
-    _run_posted(cursors)
+    cursors._send_writes(B1)
     for work in submitted:
         work()
     _run_posted(cursors)
