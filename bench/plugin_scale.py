@@ -46,6 +46,16 @@ FEEDS = 100
 NEW_TOPICS = 10
 
 
+def _take_over(settings: PulsarSettings, namespace: str, log_dir: Path, broker: int,
+               topics: int) -> tuple[Generator, float, float, float]:  # fmt: skip
+    """A generator started on the namespace: it, the seconds until every topic has a watermark, and the broker's and
+    its own CPU seconds meanwhile."""
+    broker_before = broker_cpu_seconds(broker)
+    gen = Generator(settings, namespace, log_dir, generator_env("auto"))
+    seconds = gen.wait_published(topics, within_s=1200)
+    return gen, seconds, broker_cpu_seconds(broker) - broker_before, gen.cpu_seconds()
+
+
 def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, log_dir: Path,
                 topics: int = TOPICS) -> dict[str, float | int | str]:  # fmt: skip
     broker = broker_pid(settings)
@@ -64,10 +74,7 @@ def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAd
         cpu = broker_cpu_seconds(broker)
         time.sleep(IDLE_S)
         without = (broker_cpu_seconds(broker) - cpu) / IDLE_S
-        broker_before = broker_cpu_seconds(broker)
-        gen = Generator(settings, namespace, log_dir, generator_env("auto"))
-        takeover = gen.wait_published(topics, within_s=1200)
-        takeover_broker_cpu, takeover_gen_cpu = broker_cpu_seconds(broker) - broker_before, gen.cpu_seconds()
+        gen, takeover, takeover_broker_cpu, takeover_gen_cpu = _take_over(settings, namespace, log_dir, broker, topics)
         say(f"  the generator took over {topics} topics in {takeover:.0f} s (CPU seconds meanwhile: the broker "
             f"{takeover_broker_cpu:.1f}, the generator {takeover_gen_cpu:.1f})")  # fmt: skip
         time.sleep(SETTLE_S)  # the take-over's tail: each topic's snapshot, 10 s after its last message
@@ -102,10 +109,7 @@ def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAd
 
         time.sleep(SETTLE_S)  # the last W_SETs' snapshots
         gen.kill()  # -9: a restart (or a standby's take-over) finds the subscriptions, properties and tables in place
-        broker_before = broker_cpu_seconds(broker)
-        gen = Generator(settings, namespace, log_dir, generator_env("auto"))
-        restart = gen.wait_published(topics, within_s=1200)
-        restart_broker_cpu, restart_gen_cpu = broker_cpu_seconds(broker) - broker_before, gen.cpu_seconds()
+        gen, restart, restart_broker_cpu, restart_gen_cpu = _take_over(settings, namespace, log_dir, broker, topics)
         say(f"  after a kill -9, a new generator took over {topics} topics in {restart:.1f} s (CPU seconds "
             f"meanwhile: the broker {restart_broker_cpu:.1f}, the generator {restart_gen_cpu:.1f})")  # fmt: skip
     finally:
