@@ -281,6 +281,16 @@ def test_seek_back_recomputes_the_watermark_and_seek_forward_restores_it(
 
 
 @pytest.mark.usefixtures("generator")
+def snapshot_records(client: pulsar.Client, topic: str) -> int:
+    """How many W_SNAPSHOT records the topic holds now."""
+    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+    count = 0
+    while reader.has_message_available():
+        count += reader.read_next(timeout_millis=5_000).properties().get(MARKER_PROPERTY) == "W_SNAPSHOT"
+    reader.close()
+    return count
+
+
 def test_a_subscription_created_at_earliest_on_a_topic_with_snapshots(
     pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
 ) -> None:
@@ -298,15 +308,7 @@ def test_a_subscription_created_at_earliest_on_a_topic_with_snapshots(
             time.sleep(1.5)
     producer.new_watermark().event_time(20_000).send()
 
-    def snapshots() -> int:
-        reader = pulsar_client.create_reader(topic, pulsar.MessageId.earliest)
-        count = 0
-        while reader.has_message_available():
-            count += reader.read_next(timeout_millis=5_000).properties().get(MARKER_PROPERTY) == "W_SNAPSHOT"
-        reader.close()
-        return count
-
-    wait_until(lambda: snapshots() >= 3, timeout_s=30, what="the generator's snapshots")
+    wait_until(lambda: snapshot_records(pulsar_client, topic) >= 3, timeout_s=30, what="the generator's snapshots")
     producer.send(b"sentinel", event_timestamp=20_000)  # after W_SET(20000) and the snapshots
     late = WatermarkConsumer(pulsar_client, topic, "late", initial_position=pulsar.InitialPosition.Earliest)
     for _ in range(155):
@@ -411,6 +413,8 @@ def test_kill_9_of_the_generator_mid_stream_then_restart(
     thread.start()
     try:
         wait_until(lambda: len(watermarks(checker)) >= 3, timeout_s=30, what="watermarks before the kill")
+        # snapshot records wait up to half a second to be written together: the restart below restores from one
+        wait_until(lambda: snapshot_records(pulsar_client, topic) >= 1, timeout_s=30, what="a snapshot before the kill")
         gen.kill()
         before = watermarks(checker)[-1]
         time.sleep(1.0)

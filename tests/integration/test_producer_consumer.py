@@ -282,9 +282,9 @@ def test_close_after_the_client_closed_still_stops_the_consumers_threads(
     underlying close then succeeds or fails, not linger for the process's life.
     """
     client = pulsar_settings.client()
-    consumer = WatermarkConsumer(client, topic, "sub", listener=Recorder())
-    threads = {t.name for t in threading.enumerate()} & {"wm-listener-sub", "wm-feed-sub"}
-    assert threads == {"wm-listener-sub", "wm-feed-sub"}
+    consumer = WatermarkConsumer(client, topic, "closing", listener=Recorder())  # a name no other test's threads have
+    threads = {t.name for t in threading.enumerate()} & {"wm-listener-closing", "wm-feed-closing"}
+    assert threads == {"wm-listener-closing", "wm-feed-closing"}
     client.close()
     with contextlib.suppress(pulsar.PulsarException):
         consumer.close()
