@@ -280,7 +280,6 @@ def test_seek_back_recomputes_the_watermark_and_seek_forward_restores_it(
     producer.close()
 
 
-@pytest.mark.usefixtures("generator")
 def snapshot_records(client: pulsar.Client, topic: str) -> int:
     """How many W_SNAPSHOT records the topic holds now."""
     reader = client.create_reader(topic, pulsar.MessageId.earliest)
@@ -291,6 +290,7 @@ def snapshot_records(client: pulsar.Client, topic: str) -> int:
     return count
 
 
+@pytest.mark.usefixtures("generator")
 def test_a_subscription_created_at_earliest_on_a_topic_with_snapshots(
     pulsar_client: pulsar.Client, admin: PulsarAdmin, topic: str
 ) -> None:
