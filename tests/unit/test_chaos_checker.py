@@ -181,6 +181,17 @@ def test_a_withdrawal_when_the_broker_starts_the_subscription_again_from_its_fir
     assert check_withdrawn(withdrew, [before, withdrew]) == []
     gave_up = instance("c2", [WatermarkSeen(100, 3.0), WatermarkWithdrawn(4.0), Delivery("b", "p0", 9, 5.0, later)])
     assert [v.check for v in check_withdrawn(gave_up, [before, gave_up])] == ["watermark-withdrawn"]
+    # the consumers reconnect to the restarted broker and get the first message again before the generator's
+    # "none" reaches them (seed 146734: all three consumers of a Shared subscription withdrew at one moment)
+    early = instance("c3", [WatermarkSeen(100, 3.0), Delivery("a", "p0", 5, 3.5, first), WatermarkWithdrawn(4.0)])
+    assert check_withdrawn(early, [before, early]) == []
+    # but the message's first delivery is not its coming again
+    once = instance("c4", [WatermarkSeen(100, 0.5), Delivery("a", "p0", 5, 1.0, first), WatermarkWithdrawn(4.0)])
+    assert [v.check for v in check_withdrawn(once, [once])] == ["watermark-withdrawn"]
+    # nor is a delivery the consumer waited on for the whole wait before giving up
+    waited = instance("c5", [WatermarkSeen(100, 3.0), Delivery("a", "p0", 5, 3.5, first),
+                             Delivery("b", "p0", 9, 20.0, later), WatermarkWithdrawn(33.5)])  # fmt: skip
+    assert [v.check for v in check_withdrawn(waited, [before, waited])] == ["watermark-withdrawn"]
 
 
 def test_a_message_at_or_before_the_held_watermarks_position_is_stale() -> None:
