@@ -5,9 +5,10 @@ The burst's shape (200 non-partitioned topics, one `W_SET` each per round, each 
 topic's marker (its intake) and the application cursor moved past it, then the loop's posted work run here, on this
 thread. The companion topics' producers are stand-ins whose `send_async` completes at once, so what is timed is the
 generator's Python from the plugin's answer to the table handed to the client library: reading the answer into
-events, the fold, the table and its encoding, the head pairing, the metrics. Not in it: the long poll's HTTP and
-JSON (the poll thread), the client library's own threads, and the snapshots (turned off here: their producer
-needs a broker; the burst writes about one per ten `W_SET`s). `python -m bench burst` measures all of
+events, the fold, the table and its encoding, the head pairing, the metrics, and a snapshot record every ten
+`W_SET`s, as the burst writes them (encoded and signed here, handed to a stand-in of the plugin that writes every
+one). Not in it: the long poll's HTTP and JSON (the poll thread), the snapshot requests (the pool's thread), and
+the client library's own threads. `python -m bench burst` measures all of
 it on a broker, against the plain client (docs/DECISIONS.md, session 28: the table's send costs the whole process
 about 0.037 ms of the plain client's 0.092 ms per `W_SET`; this is the rest).
 
@@ -27,6 +28,7 @@ from typing import Any
 import pulsar
 
 from broker_ext.config import GeneratorConfig
+from broker_ext.intake import plugin_cursors
 from broker_ext.service import GeneratorService
 from pulsar_access.settings import PulsarSettings
 from watermark_core.protocol import GENERATOR_SUBSCRIPTION, encode_set
@@ -37,6 +39,7 @@ NAMESPACE = "bench/hot-path"
 BROKER = "http://127.0.0.1:1"
 LEDGER = 100
 TOKEN = "0123456789abcdef"
+SNAPSHOT_EVERY = 10  # messages: in the burst, the 10 s snapshot interval at one W_SET a second
 
 
 class _Sent:
@@ -50,6 +53,11 @@ class _Sent:
 class _Producer:
     def __init__(self) -> None:
         self._producer = _Sent()
+
+
+def _written_by_the_plugin(_broker: str, records: dict[str, tuple[str, bytes]]) -> dict[str, str]:
+    """The plugin's stand-in for the snapshot records (a request from the pool's thread): every one written."""
+    return {topic: f"written {LEDGER} 0" for topic in records}
 
 
 def _report(entry: int, event_time: int | None) -> dict[str, Any]:
@@ -81,11 +89,13 @@ def _drain(service: GeneratorService) -> None:
 def main(argv: list[str]) -> int:
     """Prints the CPU per `W_SET`; returns how many topics ended with their last `W_SET` as their watermark."""
     rounds = int(argv[0]) if argv and argv[0].isdigit() else 500
-    # the defaults (the plugin's intake, by claim) but the snapshots: their producer would need a broker
+    # the defaults (the plugin's intake, by claim) but a snapshot every ten W_SETs, as the burst writes them
     config = GeneratorConfig(namespaces=(NAMESPACE,), metrics_port=0, snapshot_interval_s=1e9,
-                             snapshot_interval_messages=10**9)  # fmt: skip
+                             snapshot_interval_messages=SNAPSHOT_EVERY)  # fmt: skip
     service = GeneratorService(config, PulsarSettings("pulsar://127.0.0.1:1", BROKER))
     cursors: Any = service.cursors
+    cursors.admin.plugin_write_snapshots = _written_by_the_plugin
+    plugin_cursors.WRITE_GATHER_S = 0.0  # the rounds come faster than a burst's seconds: no gather across them
     topics = [f"persistent://{NAMESPACE}/t-{i}" for i in range(TOPICS)]
     try:
         # reported by a plugin before the generator follows them (their subscription in place): no follow request
