@@ -18,6 +18,7 @@ install: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
 # Two lines at once, on different resources: `lint` and the unit tests (no broker, no Java) run beside, at a lower

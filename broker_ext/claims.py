@@ -95,6 +95,7 @@ def rank(base_topic: str, instance_id: str, members: set[str]) -> int:
 
 def ranked(base_topic: str, members: set[str]) -> list[str]:
     """`members` in the order they ask for `base_topic`'s claim."""
+
     def weight(member: str) -> bytes:
         return hashlib.blake2b(f"{base_topic}\x00{member}".encode(), digest_size=8).digest()
 

@@ -105,7 +105,14 @@ class GeneratorService:
             log.info("reading cursor positions through the admin API (--cursor-source admin): one internal-stats "
                      "call per topic and acknowledgement (docs/OPERATIONS.md)")  # fmt: skip
         self.ctx = Context(
-            self.client, self.admin, config, self.dispatcher, self.metrics, self.loop, self.pool, self.cursors,
+            self.client,
+            self.admin,
+            config,
+            self.dispatcher,
+            self.metrics,
+            self.loop,
+            self.pool,
+            self.cursors,
             by_claim=self.claims is not None,
         )
         self.partitions: dict[str, PartitionIO] = {}

@@ -161,7 +161,11 @@ def test_a_generator_is_told_only_of_the_namespaces_it_follows(
 
 @pytest.mark.parametrize("source", ["auto", "admin"])
 def test_the_generator_follows_acknowledgements_with_the_plugin_and_through_the_admin_api(
-    source: str, pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str,
+    source: str,
+    pulsar_settings: PulsarSettings,
+    pulsar_client: pulsar.Client,
+    admin: PulsarAdmin,
+    namespace: str,
     tmp_path: Path,
 ) -> None:
     """The same watermarks whichever path the positions take; with the plugin, no admin call per topic while

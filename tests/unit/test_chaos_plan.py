@@ -41,5 +41,5 @@ def test_some_plans_kill_the_owning_generator_while_a_standby_waits_and_draw_not
         without = plan_scenario(plan.seed, standby_share=0.0)
         changed = [(a, b) for a, b in zip(plan.faults, without.faults, strict=True) if a != b]
         assert len(changed) == 1
-        (standby, kill), = changed
+        ((standby, kill),) = changed
         assert kill.kind is FaultKind.KILL_GENERATOR and (standby.at_s, standby.down_s) == (kill.at_s, kill.down_s)
