@@ -36,8 +36,8 @@ from bench.common import (
     say,
     wait_for_quiet_jit,
 )
-from bench.generator import FAST_ENV, Generator, _new_namespace
-from bench.generator_scale import _Latencies
+from bench.generator import FAST_ENV, Generator, new_namespace
+from bench.generator_scale import Latencies
 from bench.plain_floor import TABLE, table_topic
 from consumer.watermark_feed import WatermarkFeed
 from producer import WatermarkProducer
@@ -86,12 +86,12 @@ def broker_pid(settings: PulsarSettings) -> int:
     return pid
 
 
-class _Topics:
+class Topics:
     """Non-partitioned topics, each with a watermark producer, a plain consumer and a `WatermarkFeed`."""
 
     def __init__(self, client: pulsar.Client, admin: PulsarAdmin, namespace: str, count: int, prefix: str,
                  ack: Callable[[int], Callable[[pulsar.Consumer, pulsar.Message], None]],
-                 record: _Latencies, feeds: int | None = None) -> None:  # fmt: skip
+                 record: Latencies, feeds: int | None = None) -> None:  # fmt: skip
         self.names = [f"persistent://{namespace}/{prefix}-{i}" for i in range(count)]
         for name in self.names:
             admin.create_topic(name)
@@ -127,7 +127,7 @@ def _calls(gen: Generator) -> dict[str, float]:
     return {call: sum(metric_samples(gen.metrics_port, "wm_admin_calls_total", call=call)) for call in CALLS}
 
 
-def _quantiles(record: _Latencies, after_ms: int, until: float, sampled: range,
+def latency_quantiles(record: Latencies, after_ms: int, until: float, sampled: range,
                settle_s: float = 2.0) -> tuple[float, float, int]:  # fmt: skip
     """p50, p99 and samples of the time from each acknowledged W_SET to a watermark at least as high at the feed.
 
@@ -177,10 +177,10 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
           topics: int = BURST_TOPICS, cursor_source: str = "auto") -> dict[str, float | int | str]:  # fmt: skip
     """Broker CPU without and with a generator, generator CPU and latency, W_SETs sent together each second."""
     broker = broker_pid(settings)
-    namespace = _new_namespace(admin)
-    record = _Latencies()
-    acking = _Topics(client, admin, namespace, topics, "burst",
-                     lambda i: _acknowledging_listener(record.ack(i)), record)  # fmt: skip
+    namespace = new_namespace(admin)
+    record = Latencies()
+    acking = Topics(client, admin, namespace, topics, "burst",
+                     lambda i: acknowledging_listener(record.ack(i)), record)  # fmt: skip
     stop = threading.Event()
     sent = [0]
 
@@ -238,7 +238,7 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
     with record.lock:  # only the W_SETs acknowledged while measuring
         record.acked = {key: at for key, at in record.acked.items()
                         if measured_from <= at <= measured_from + BURST_MEASURE_S}  # fmt: skip
-    p50, p99, samples = _quantiles(record, 0, measured_from + BURST_MEASURE_S + 2, range(topics))
+    p50, p99, samples = latency_quantiles(record, 0, measured_from + BURST_MEASURE_S + 2, range(topics))
     figures: dict[str, float | int | str] = {
         "generator_cpu_ms_per_wset_burst": round(gen_share * 1000 / rate, 3),
         "broker_extra_cpu_ms_per_wset_burst": round((with_gen - without) * 1000 / rate, 3),
@@ -348,7 +348,7 @@ def spread_wsets(producers: list[WatermarkProducer], period_s: float, stop: thre
         stop.wait(max(0.0, start - time.perf_counter()))
 
 
-def _acknowledging_listener(on_ack: Callable[[pulsar.Message], None]
+def acknowledging_listener(on_ack: Callable[[pulsar.Message], None]
                             ) -> Callable[[pulsar.Consumer, pulsar.Message], None]:  # fmt: skip
     def listener(consumer: pulsar.Consumer, message: pulsar.Message) -> None:
         on_ack(message)
@@ -360,7 +360,7 @@ def _acknowledging_listener(on_ack: Callable[[pulsar.Message], None]
 class _LateAcks:
     """Acknowledges each message `delay_s` after it was received, on a thread of its own."""
 
-    def __init__(self, record: _Latencies, delay_s: float) -> None:
+    def __init__(self, record: Latencies, delay_s: float) -> None:
         self.record = record
         self.delay_s = delay_s
         self._due: list[tuple[float, int, int, pulsar.Consumer, pulsar.Message]] = []
@@ -402,10 +402,10 @@ def slow_ack(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin
              topics: int = SLOW_TOPICS, cursor_source: str = "auto") -> dict[str, float | int | str]:  # fmt: skip
     """From a late acknowledgement to the watermark, one W_SET per topic per 10 s, many topics, one generator."""
     broker = broker_pid(settings)
-    namespace = _new_namespace(admin)
-    record = _Latencies()
+    namespace = new_namespace(admin)
+    record = Latencies()
     late = _LateAcks(record, SLOW_ACK_DELAY_S)
-    slow = _Topics(client, admin, namespace, topics, "slow", late.listener, record, feeds=SLOW_FEEDS)
+    slow = Topics(client, admin, namespace, topics, "slow", late.listener, record, feeds=SLOW_FEEDS)
     for producer in slow.producers:
         producer.new_watermark().event_time(1_000).send_async()
     gen = Generator(settings, namespace, log_dir, generator_env(cursor_source))
@@ -436,7 +436,7 @@ def slow_ack(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin
         gen.kill()
         late.close()
         slow.close()
-    p50, p99, samples = _quantiles(record, 1_000, ended, range(SLOW_FEEDS), settle_s=5.0)
+    p50, p99, samples = latency_quantiles(record, 1_000, ended, range(SLOW_FEEDS), settle_s=5.0)
     figures: dict[str, float | int | str] = {
         "watermark_latency_slow_ack_1000_topics_p50_ms": round(p50, 1),
         "watermark_latency_slow_ack_1000_topics_p99_ms": round(p99, 1),

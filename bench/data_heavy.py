@@ -21,7 +21,7 @@ import pulsar
 
 from bench.burst import broker_pid, generator_env
 from bench.common import broker_cpu_seconds, say, wait_for_quiet_jit
-from bench.generator import Generator, _new_namespace
+from bench.generator import Generator, new_namespace
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.settings import PulsarSettings
 from watermark_core.protocol import MARKER_PROPERTY, MarkerKind, encode_set
@@ -102,7 +102,7 @@ INTAKES = {
 def data_heavy(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, log_dir: Path,
                intake: str = "plugin") -> dict[str, float | int | str]:  # fmt: skip
     broker = broker_pid(settings)
-    followed, other = _new_namespace(admin), _new_namespace(admin)
+    followed, other = new_namespace(admin), new_namespace(admin)
     topics = {ns: f"persistent://{ns}/data-heavy" for ns in (followed, other)}
     received = {ns: [0] for ns in topics}
 

@@ -92,13 +92,13 @@ class Generator:
         self.log.close()
 
 
-def _new_namespace(admin: PulsarAdmin) -> str:
+def new_namespace(admin: PulsarAdmin) -> str:
     namespace = f"public/bench-{uuid.uuid4().hex[:8]}"
     admin.create_namespace(namespace)
     return namespace
 
 
-class _WatermarkTimes:
+class WatermarkTimes:
     """When each watermark value was first seen by a consumer-side feed."""
 
     def __init__(self) -> None:
@@ -125,7 +125,7 @@ def watermark_latency(
     topic = f"persistent://{namespace}/latency"
     producer = WatermarkProducer(client, topic, producer_name="lat", keepalive_interval_ms=None)
     consumer = client.subscribe(topic, "lat")
-    times = _WatermarkTimes()
+    times = WatermarkTimes()
     feed = WatermarkFeed(client, topic, "lat", times)
     latencies, ack_visible = [], []
     producer.new_watermark().event_time(1).send()
@@ -189,7 +189,7 @@ def generator_read_rate(
     settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, count: int
 ) -> dict[str, float]:
     """The generator's read rate on a full topic against the fastest single producer's rate."""
-    namespace = _new_namespace(admin)
+    namespace = new_namespace(admin)
     topic = f"persistent://{namespace}/read-rate"
     producer_rate = _fill(client, topic, count)
     service = GeneratorService(GeneratorConfig(namespaces=(namespace,), metrics_port=0), settings)
@@ -210,7 +210,7 @@ def generator_read_rate(
             "generator_vs_producer_rate_ratio": round(read_rate / producer_rate, 3)}  # fmt: skip
 
 
-def _drain_until(consumer: pulsar.Consumer, stop: threading.Event) -> None:
+def drain_until(consumer: pulsar.Consumer, stop: threading.Event) -> None:
     """Receive and acknowledge everything until `stop`."""
     while not stop.is_set():
         try:
@@ -223,16 +223,16 @@ def subscription_cost(settings: PulsarSettings, client: pulsar.Client, admin: Pu
     """Generator CPU seconds for the same stream followed by 10 subscriptions over 1."""
     costs: dict[int, list[float]] = {}
     for subscriptions in (1, 10, 1, 10):
-        namespace = _new_namespace(admin)
+        namespace = new_namespace(admin)
         topic = f"persistent://{namespace}/subs"
         gen = Generator(settings, namespace, log_dir)
         consumers = [client.subscribe(topic, f"s{i}") for i in range(subscriptions)]
-        times = _WatermarkTimes()
+        times = WatermarkTimes()
         feed = WatermarkFeed(client, topic, "s0", times)
         time.sleep(3)  # discovery
         before = gen.cpu_seconds()
         stop = threading.Event()
-        threads = [threading.Thread(target=_drain_until, args=(c, stop), daemon=True) for c in consumers]
+        threads = [threading.Thread(target=drain_until, args=(c, stop), daemon=True) for c in consumers]
         for thread in threads:
             thread.start()
         count = 20_000
@@ -254,14 +254,14 @@ def subscription_cost(settings: PulsarSettings, client: pulsar.Client, admin: Pu
 def restart_time(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, log_dir: Path,
                  count: int) -> float:  # fmt: skip
     """Seconds from starting a generator on an already-followed topic to its first published watermark."""
-    namespace = _new_namespace(admin)
+    namespace = new_namespace(admin)
     topic = f"persistent://{namespace}/restart"
     gen = Generator(settings, namespace, log_dir)
     consumer = client.subscribe(topic, "r")
-    times = _WatermarkTimes()
+    times = WatermarkTimes()
     feed = WatermarkFeed(client, topic, "r", times)
     stop = threading.Event()
-    drainer = threading.Thread(target=_drain_until, args=(consumer, stop), daemon=True)
+    drainer = threading.Thread(target=drain_until, args=(consumer, stop), daemon=True)
     drainer.start()
     _fill(client, topic, count)
     times.wait_for(1_000_000 + count, 600)
@@ -288,7 +288,7 @@ def run(settings: PulsarSettings, big: int = 1_000_000, small: int = 10_000) -> 
     figures: dict[str, float | int | str] = {}
     with tempfile.TemporaryDirectory(prefix="wm-bench-gen-") as logs:
         log_dir = Path(logs)
-        namespace = _new_namespace(admin)
+        namespace = new_namespace(admin)
         gen = Generator(settings, namespace, log_dir)
         try:
             say("watermark latency")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pulsar
 
 from bench.common import say
-from bench.generator import Generator, _drain_until, _new_namespace, _WatermarkTimes
+from bench.generator import Generator, WatermarkTimes, drain_until, new_namespace
 from consumer.watermark_feed import WatermarkFeed
 from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
@@ -109,16 +109,16 @@ def abandoned_subscription_rss(
     settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, log_dir: Path, abandoned: bool, markers: int
 ) -> int:
     """The generator's RSS once it followed `markers` W_SETs on one partition that "live" acknowledges as they come."""
-    namespace = _new_namespace(admin)
+    namespace = new_namespace(admin)
     topic = f"persistent://{namespace}/bounds"
     gen = Generator(settings, namespace, log_dir, config_env={})
     live = client.subscribe(topic, "live")
     if abandoned:
         client.subscribe(topic, "abandoned").close()  # durable, no consumer: never acknowledges
-    times = _WatermarkTimes()
+    times = WatermarkTimes()
     feed = WatermarkFeed(client, topic, "live", times)
     stop = threading.Event()
-    drain = threading.Thread(target=_drain_until, args=(live, stop), daemon=True)
+    drain = threading.Thread(target=drain_until, args=(live, stop), daemon=True)
     drain.start()
     try:
         time.sleep(3)  # discovery

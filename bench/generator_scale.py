@@ -22,7 +22,7 @@ from pathlib import Path
 import pulsar
 
 from bench.common import say
-from bench.generator import Generator, _new_namespace
+from bench.generator import Generator, new_namespace
 from broker_ext.ownership import owner_of
 from consumer.watermark_feed import WatermarkFeed
 from producer import WatermarkProducer
@@ -82,7 +82,7 @@ def idle_cost(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmi
     Idle is measured once the generator has taken over every partition (a watermark published for each),
     and `SETTLE_S` after that: the take-over's own cost is its time, reported apart.
     """
-    namespace = _new_namespace(admin)
+    namespace = new_namespace(admin)
     with partitioned_topics(client, admin, namespace, topics, partitions) as producers:
         gen = Generator(settings, namespace, log_dir)
         try:
@@ -119,7 +119,7 @@ def idle_cost(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmi
     return idle, threads, busy, takeover
 
 
-class _Latencies:
+class Latencies:
     """Acknowledgement times of W_SETs and when each value reached the feed, per topic."""
 
     def __init__(self) -> None:
@@ -151,9 +151,9 @@ def cadence_latency(settings: PulsarSettings, client: pulsar.Client, admin: Puls
                     topics: int = 200) -> tuple[float, float, int, float]:  # fmt: skip
     """(p50 ms, p99 ms, samples, the generator's admin calls per W_SET) from a consumer's acknowledgement of a
     W_SET to the watermark at its feed."""
-    namespace = _new_namespace(admin)
+    namespace = new_namespace(admin)
     names = [f"persistent://{namespace}/cadence-{i}" for i in range(topics)]
-    record = _Latencies()
+    record = Latencies()
     producers = [WatermarkProducer(client, name, producer_name=f"c{i}", keepalive_interval_ms=None)
                  for i, name in enumerate(names)]  # fmt: skip
     consumers = [_acknowledging(client, name, "app", record.ack(i)) for i, name in enumerate(names)]
@@ -203,7 +203,7 @@ def ownership_share(settings: PulsarSettings, client: pulsar.Client, admin: Puls
                     instance_settings: list[PulsarSettings] | None = None) -> tuple[float, dict[str, int]]:  # fmt: skip
     """The largest share of `topics` non-partitioned topics that one of `instances` generators owns
     (`instance_settings`: where each instance finds Pulsar, e.g. each its own broker first)."""
-    namespace = _new_namespace(admin)
+    namespace = new_namespace(admin)
     names = [f"persistent://{namespace}/own-{i}" for i in range(topics)]
     for name in names:
         admin.create_topic(name)

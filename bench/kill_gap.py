@@ -16,10 +16,10 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.burst import _acknowledging_listener, _Topics, generator_env
+from bench.burst import Topics, acknowledging_listener, generator_env
 from bench.common import metric_samples, say
-from bench.generator import Generator, _new_namespace
-from bench.generator_scale import _Latencies
+from bench.generator import Generator, new_namespace
+from bench.generator_scale import Latencies
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.settings import PulsarSettings
 
@@ -36,9 +36,9 @@ def _owned(gen: Generator) -> float:
 def run(settings: PulsarSettings, log_dir: Path, topics: int = TOPICS) -> dict[str, float | int | str]:
     client = settings.client(message_listener_threads=4)
     admin = PulsarAdmin(settings)
-    namespace = _new_namespace(admin)
-    record = _Latencies()
-    many = _Topics(client, admin, namespace, topics, "kill", lambda i: _acknowledging_listener(record.ack(i)),
+    namespace = new_namespace(admin)
+    record = Latencies()
+    many = Topics(client, admin, namespace, topics, "kill", lambda i: acknowledging_listener(record.ack(i)),
                    record, feeds=FEEDS)  # fmt: skip
     for producer in many.producers:
         producer.new_watermark().event_time(1_000).send_async()

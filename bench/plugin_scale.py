@@ -22,16 +22,16 @@ from pathlib import Path
 import pulsar
 
 from bench.burst import (
-    _acknowledging_listener,
-    _quantiles,
-    _Topics,
+    Topics,
+    acknowledging_listener,
     broker_pid,
     generator_env,
+    latency_quantiles,
     spread_wsets,
 )
 from bench.common import broker_cpu_seconds, machine_busy_seconds, process_cpu_seconds, say
-from bench.generator import Generator, _new_namespace
-from bench.generator_scale import _Latencies
+from bench.generator import Generator, new_namespace
+from bench.generator_scale import Latencies
 from consumer import Watermark, WatermarkConsumer, WatermarkListener
 from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
@@ -59,10 +59,10 @@ def _take_over(settings: PulsarSettings, namespace: str, log_dir: Path, broker: 
 def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, log_dir: Path,
                 topics: int = TOPICS) -> dict[str, float | int | str]:  # fmt: skip
     broker = broker_pid(settings)
-    namespace = _new_namespace(admin)
-    record = _Latencies()
+    namespace = new_namespace(admin)
+    record = Latencies()
     started = time.perf_counter()
-    many = _Topics(client, admin, namespace, topics, "many", lambda i: _acknowledging_listener(record.ack(i)),
+    many = Topics(client, admin, namespace, topics, "many", lambda i: acknowledging_listener(record.ack(i)),
                    record, feeds=FEEDS)  # fmt: skip
     for producer in many.producers:
         producer.new_watermark().event_time(1_000).send_async()
@@ -117,7 +117,7 @@ def many_topics(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAd
         if gen is not None:
             gen.kill()
         many.close()
-    p50, p99, samples = _quantiles(record, 1_000, ended, range(FEEDS), settle_s=2.0)
+    p50, p99, samples = latency_quantiles(record, 1_000, ended, range(FEEDS), settle_s=2.0)
     say(f"  one W_SET per topic per {PERIOD_S:.0f} s: p50 {p50:.0f} ms, p99 {p99:.0f} ms ({samples} samples, "
         f"from {measured_from:.0f})")  # fmt: skip
     return {
@@ -176,7 +176,7 @@ class _FirstWatermark(WatermarkListener):
 def new_topic(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, log_dir: Path,
               cursor_source: str = "auto", count: int = NEW_TOPICS) -> dict[str, float | int | str]:  # fmt: skip
     """From the first W_SET on a topic created after the generator started to the watermark at a listener."""
-    namespace = _new_namespace(admin)
+    namespace = new_namespace(admin)
     gen = Generator(settings, namespace, log_dir, generator_env(cursor_source))
     times: list[float] = []
     try:

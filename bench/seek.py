@@ -12,7 +12,7 @@ from pathlib import Path
 import pulsar
 
 from bench.common import say
-from bench.generator import Generator, _new_namespace
+from bench.generator import Generator, new_namespace
 from consumer import Watermark, WatermarkConsumer, WatermarkListener
 from producer import WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
@@ -72,7 +72,7 @@ def seek_latency(
     snapshot along it; each sample seeks to a random acknowledged message, so the generator rebuilds
     the state there (from the nearest snapshot), then lets the replay finish before the next one.
     """
-    namespace = _new_namespace(admin)
+    namespace = new_namespace(admin)
     topic = f"persistent://{namespace}/seek"
     gen = Generator(settings, namespace, log_dir, config_env)
     listener = _Arrivals()

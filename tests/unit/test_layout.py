@@ -121,7 +121,7 @@ def test_nothing_in_consumer_but_the_package_imports_the_consumer_class() -> Non
     assert importers == []
 
 
-@pytest.mark.parametrize("package", [*sorted(ALLOWED), "devtools"])
+@pytest.mark.parametrize("package", [*sorted(ALLOWED), "devtools", "bench"])
 def test_no_module_imports_another_modules_private_names(package: str) -> None:
     """A room that calls another's private names is two rooms pretending to be one (STYLE.md, the shell's rooms;
     issue 48: devtools' JVM options had been shared through a private name)."""
