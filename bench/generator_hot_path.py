@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
     service = GeneratorService(config, PulsarSettings("pulsar://127.0.0.1:1", BROKER))
     cursors: Any = service.cursors
     cursors.admin.plugin_write_snapshots = _written_by_the_plugin
-    plugin_cursors.WRITE_GATHER_S = 0.0  # the rounds come faster than a burst's seconds: no gather across them
+    gather, plugin_cursors.WRITE_GATHER_S = plugin_cursors.WRITE_GATHER_S, 0.0  # rounds come faster than seconds
     topics = [f"persistent://{NAMESPACE}/t-{i}" for i in range(TOPICS)]
     try:
         # reported by a plugin before the generator follows them (their subscription in place): no follow request
@@ -134,6 +134,7 @@ def main(argv: list[str]) -> int:
             pstats.Stats(profile).sort_stats("cumulative").print_stats(35)
         return current
     finally:
+        plugin_cursors.WRITE_GATHER_S = gather  # the unit tests run this in their process
         service.close()
 
 
