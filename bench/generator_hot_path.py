@@ -28,7 +28,6 @@ from typing import Any
 import pulsar
 
 from broker_ext.config import GeneratorConfig
-from broker_ext.intake import plugin_cursors
 from broker_ext.service import GeneratorService
 from pulsar_access.settings import PulsarSettings
 from watermark_core.protocol import GENERATOR_SUBSCRIPTION, encode_set
@@ -95,7 +94,7 @@ def main(argv: list[str]) -> int:
     service = GeneratorService(config, PulsarSettings("pulsar://127.0.0.1:1", BROKER))
     cursors: Any = service.cursors
     cursors.admin.plugin_write_snapshots = _written_by_the_plugin
-    gather, plugin_cursors.WRITE_GATHER_S = plugin_cursors.WRITE_GATHER_S, 0.0  # rounds come faster than seconds
+    cursors.write_gather_s = 0.0  # the rounds come faster than a burst's seconds: no gather across them
     topics = [f"persistent://{NAMESPACE}/t-{i}" for i in range(TOPICS)]
     try:
         # reported by a plugin before the generator follows them (their subscription in place): no follow request
@@ -134,7 +133,6 @@ def main(argv: list[str]) -> int:
             pstats.Stats(profile).sort_stats("cumulative").print_stats(35)
         return current
     finally:
-        plugin_cursors.WRITE_GATHER_S = gather  # the unit tests run this in their process
         service.close()
 
 

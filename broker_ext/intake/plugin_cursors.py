@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from broker_ext.engine.vocabulary import CursorsPolled
 from broker_ext.intake.admin_polling import CursorPoller
@@ -50,6 +50,7 @@ WRITE_GATHER_S = 0.5
 """How long snapshot records wait to go to a plugin together: a request per turn of the loop cost the generator about
 0.05 ms per `W_SET` in the burst, where each topic's periodic snapshot comes due at its own time."""
 RETRY_MAX_S = 5.0
+_Item = TypeVar("_Item")
 LOST_AFTER_S = 3.0
 """A broker that has not answered for this long: its topics go back to admin reads until a plugin reports them."""
 LOOKUP_EVERY_S = 30.0
@@ -126,10 +127,11 @@ class PluginCursors:
         """Topic -> (partition, token offered) whose subscription a plugin is to make, sent at the end of the
         loop's turn (loop thread)."""
         self._acks: dict[str, dict[str, tuple[int, int]]] = {}
-        """Broker -> topic -> where its generator cursor moves, sent at the end of the loop's turn (loop thread)."""
+        """Broker -> topic -> where its generator cursor moves, sent `ack_gather_s` after the first (loop thread)."""
         self._writes: dict[str, dict[str, tuple[str, bytes, SnapshotDone]]] = {}
-        """Broker -> topic -> (producer name, payload, answer) of a snapshot record its plugin is to write, sent at the
-        end of the loop's turn (loop thread)."""
+        """Broker -> topic -> (producer name, payload, answer) of a snapshot record its plugin is to write, sent
+        `write_gather_s` after the first (loop thread)."""
+        self.ack_gather_s, self.write_gather_s = ACK_GATHER_S, WRITE_GATHER_S
         self._writes_refused: set[str] = set()
         """Brokers whose plugin does not write snapshots (an older one, or the role may not): producers do there."""
         self._stopping = threading.Event()
@@ -198,11 +200,7 @@ class PluginCursors:
         pushed = self._pushed.get(partition.topic)
         if pushed is None:
             return False
-        batch = self._acks.get(pushed.broker)
-        if batch is None:
-            batch = self._acks[pushed.broker] = {}
-            self.loop.call_at(time.time() + ACK_GATHER_S, ("plugin-acks", pushed.broker),
-                              lambda: self._send_acks(pushed.broker))  # fmt: skip
+        batch = self._gathering(self._acks, pushed.broker, self.ack_gather_s, "plugin-acks", self._send_acks)
         batch[partition.topic] = max(position, batch.get(partition.topic, position))
         return True
 
@@ -213,13 +211,20 @@ class PluginCursors:
         pushed = self._pushed.get(partition.topic)
         if pushed is None or pushed.broker in self._writes_refused:
             return False
-        batch = self._writes.get(pushed.broker)
-        if batch is None:
-            batch = self._writes[pushed.broker] = {}
-            self.loop.call_at(time.time() + WRITE_GATHER_S, ("plugin-writes", pushed.broker),
-                              functools.partial(self._send_writes, pushed.broker))  # fmt: skip
+        batch = self._gathering(self._writes, pushed.broker, self.write_gather_s, "plugin-writes", self._send_writes)
         batch[partition.topic] = (producer, payload, done)  # the engine has one record of a partition in flight
         return True
+
+    def _gathering(
+        self, batches: dict[str, dict[str, _Item]], broker: str, gather_s: float, kind: str, send: Callable[[str], None]
+    ) -> dict[str, _Item]:
+        """The broker's batch of `kind`, sent (`send(broker)`) `gather_s` after its first item: one request for all
+        that came meanwhile."""
+        batch = batches.get(broker)
+        if batch is None:
+            batch = batches[broker] = {}
+            self.loop.call_at(time.time() + gather_s, (kind, broker), functools.partial(send, broker))
+        return batch
 
     def _send_writes(self, broker: str) -> None:
         batch = self._writes.pop(broker, None)
