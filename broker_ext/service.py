@@ -104,17 +104,8 @@ class GeneratorService:
         else:
             log.info("reading cursor positions through the admin API (--cursor-source admin): one internal-stats "
                      "call per topic and acknowledgement (docs/OPERATIONS.md)")  # fmt: skip
-        self.ctx = Context(
-            self.client,
-            self.admin,
-            config,
-            self.dispatcher,
-            self.metrics,
-            self.loop,
-            self.pool,
-            self.cursors,
-            by_claim=self.claims is not None,
-        )
+        self.ctx = Context(self.client, self.admin, config, self.dispatcher, self.metrics, self.loop, self.pool,
+                           self.cursors, by_claim=self.claims is not None)  # fmt: skip
         self.partitions: dict[str, PartitionIO] = {}
         """Every partition followed, by topic name; touched only on the loop's thread."""
         self._of_base: dict[str, dict[str, PartitionIO]] = {}
