@@ -318,15 +318,16 @@ class WatermarkDispatcher:
         companion.sent.sending_table(table)
         for head in heads:
             companion.sent.sending_head(head)
+        first = table.events[0]
         self._send_async(
-            companion, encode_table(table.events, heads), table_key(table.events[0].partition), SEND_WATERMARK,
+            companion, encode_table(table.events, heads), table_key(first.topic, first.partition), SEND_WATERMARK,
             lambda result: self._sent(companion, table, result, heads),
         )  # fmt: skip
 
     def _send_head(self, companion: Companion, head: HeadWatermark) -> None:
         companion.sent.sending_head(head)
         self._send_async(
-            companion, encode_head(head), head_key(head.partition), HEAD_WATERMARK,
+            companion, encode_head(head), head_key(head.topic, head.partition), HEAD_WATERMARK,
             lambda result: self._head_sent(companion, head, result),
         )  # fmt: skip
 

@@ -18,21 +18,21 @@ from pulsar_access.errors import explained
 from pulsar_access.incarnations import Incarnations
 from pulsar_access.settings import PulsarSettings
 from pulsar_access.topics import base_topic_and_partition, full_name, partition_name, watermark_topic_for
-from watermark_core.protocol import HEAD_KEY_PREFIX, MalformedMarker, WatermarkEvent, decode_table
+from watermark_core.protocol import HEAD_KEY_PREFIX, MalformedMarker, WatermarkEvent, decode_table, key_topic
 
 
 def latest_events(client: pulsar.Client, topic: str) -> dict[tuple[int, str], WatermarkEvent]:
     """The latest event per (partition, subscription) published for `topic`; events naming another topic are ignored.
 
-    A table view of the companion topic holds the latest table per partition key (what compaction
-    keeps); each table has every subscription's event of that partition.
+    A table view of the companion topic holds the latest table per key (`table_key`: topic and partition, what
+    compaction keeps); each table has every subscription's event of that partition.
     """
     base = base_topic_and_partition(topic)[0]
     latest: dict[tuple[int, str], WatermarkEvent] = {}
 
     def take(key: str, payload: bytes) -> None:
-        if key.startswith(HEAD_KEY_PREFIX):
-            return  # a HeadWatermark event: the partition head's watermark, not a subscription's
+        if key.startswith(HEAD_KEY_PREFIX) or key_topic(key) != base:
+            return  # a head event (a position's watermark, not a subscription's), or another topic's table
         with contextlib.suppress(MalformedMarker):  # counted and logged by consumers; status shows the rest
             for event in decode_table(payload):
                 if event.topic == base:

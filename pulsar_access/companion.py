@@ -8,11 +8,12 @@ keeps the latest of each per key, so reading the compacted topic from its start 
 at once, and reading on gives every change after it.
 
 One home for that reading, shared by the consumer's feed (consumer/watermark_feed.py) and the Spark
-source (spark_sink/watermarks.py): they say what to do with each event. An event that names another
-data topic than the one the companion belongs to is ignored, and so is one about another incarnation of
-it than the one it has now (`Incarnations`, pulsar_access/incarnations.py: a topic deleted and created
-again keeps its companion, with the old topic's events on it); a malformed one is skipped, counted and
-logged once.
+source (spark_sink/watermarks.py): they say what to do with each event. An event whose key
+(`table_key`, `head_key`) or body names another data topic is ignored (a companion topic may carry the
+events of several), and so is one under a key of a generator before issue 47, and one about another
+incarnation of the topic than the one it has now (`Incarnations`, pulsar_access/incarnations.py: a
+topic deleted and created again keeps its companion, with the old topic's events on it); a malformed
+one is skipped, counted and logged once.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from watermark_core.protocol import (
     WatermarkEvent,
     decode_head,
     decode_table_with_heads,
+    key_topic,
 )
 
 log = logging.getLogger(__name__)
@@ -141,6 +143,8 @@ class CompanionReader:
             on_caught_up(asked)
 
     def _handle(self, message: pulsar.Message) -> None:
+        if key_topic(message.partition_key()) != self.topic:
+            return  # another topic's event on a shared companion topic, or an older generator's: not decoded
         kind = message.properties().get(EVENT_PROPERTY)
         try:
             if kind == HEAD_WATERMARK:

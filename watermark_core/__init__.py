@@ -31,6 +31,7 @@ from watermark_core.protocol import (
     entry_end,
     head_key,
     is_marker,
+    key_topic,
     position_of,
     table_key,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "head_key",
     "is_broken_assertion",
     "is_marker",
+    "key_topic",
     "position_of",
     "table_key",
 ]

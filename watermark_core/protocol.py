@@ -226,9 +226,12 @@ SEND_WATERMARK = "SendWatermark"
 """The value of `EVENT_PROPERTY` on the generator's events."""
 
 
-def table_key(partition: int) -> str:
-    """The compaction key of a partition's table: compaction keeps the latest table per partition."""
-    return str(partition)
+def table_key(topic: str, partition: int) -> str:
+    """The compaction key of a partition's table, `<topic>:<partition>`: compaction keeps the latest per partition.
+
+    It names the topic so that a companion topic may carry the tables of several (issue 47), and a reader skips
+    the others' events by their key, without decoding them (`key_topic`)."""
+    return f"{topic}:{partition}"
 
 
 @dataclass(frozen=True)
@@ -307,7 +310,7 @@ def encode_table(events: Sequence[WatermarkEvent], heads: Sequence[HeadWatermark
     """The payload of a SendWatermark message: the watermarks of every subscription of one partition.
 
     One message per change of the partition, however many subscriptions it has, keyed by
-    `table_key(partition)`: the latest table per partition is all a consumer needs to read. `heads`: the
+    `table_key(topic, partition)`: the latest table per partition is all a consumer needs to read. `heads`: the
     partition's head events riding along, in order (key "heads"), so a marker acknowledged soon after it was
     folded costs the broker one message, not two (readers of tables alone ignore them).
     """
@@ -376,13 +379,25 @@ HEAD_WATERMARK = "HeadWatermark"
 """The value of `EVENT_PROPERTY` on a head event (SendWatermark tables are untouched by them)."""
 
 
-HEAD_KEY_PREFIX = "head-"
-"""Head events are keyed `head-<partition>`; tables `<partition>` (`table_key`)."""
+HEAD_KEY_PREFIX = "head:"
+"""Head events are keyed `head:<topic>:<partition>`; tables `<topic>:<partition>` (`table_key`)."""
 
 
-def head_key(partition: int) -> str:
+def head_key(topic: str, partition: int) -> str:
     """The compaction key of a partition's head events: compaction keeps the latest per partition."""
-    return f"{HEAD_KEY_PREFIX}{partition}"
+    return f"{HEAD_KEY_PREFIX}{topic}:{partition}"
+
+
+def key_topic(key: str) -> str | None:
+    """The topic a table's or a head event's key names; None for a key of a generator before issue 47.
+
+    A topic's name may hold ':' (the scheme's, and Pulsar allows it in a local name); the partition, after the
+    last one, never does."""
+    named = key[len(HEAD_KEY_PREFIX) :] if key.startswith(HEAD_KEY_PREFIX) else key
+    topic, colon, partition = named.rpartition(":")
+    if not colon or not topic or not partition.lstrip("-").isdigit():
+        return None
+    return topic
 
 
 @dataclass(frozen=True)
@@ -406,7 +421,7 @@ class HeadWatermark:
 
 
 def encode_head(event: HeadWatermark) -> bytes:
-    """The payload of a HeadWatermark message, keyed by `head_key(partition)`."""
+    """The payload of a HeadWatermark message, keyed by `head_key(topic, partition)`."""
     return pack(_head_body(event))
 
 

@@ -26,6 +26,7 @@ from watermark_core.protocol import (
     WatermarkEvent,
     encode_set,
     encode_table,
+    table_key,
 )
 
 TOPIC = "persistent://public/default/fake-topic"
@@ -67,6 +68,10 @@ class FakeRaw:
     event_time: int = 0
     calls: list[str] = field(default_factory=list)
     """The accessors asked, in order (`message_id` counts the position's cost)."""
+    key: str = ""
+
+    def partition_key(self) -> str:
+        return self.key
 
     def message_id(self) -> Any:
         """The binding's own message id (the consumer's lanes compare it with `<`, consumer/trust.py `Lane`)."""
@@ -237,7 +242,10 @@ class FakeClient:
         """The generator publishes `subscription`'s watermark `event_time`, computed at (L, entry)."""
         self._seq += 1
         event = WatermarkEvent(TOPIC, partition, subscription, event_time, (L, entry), self._seq)
-        self.reader.queue.put(FakeRaw(FakeId(1, self._seq), encode_table([event]), {EVENT_PROPERTY: SEND_WATERMARK}))
+        self.reader.queue.put(
+            FakeRaw(FakeId(1, self._seq), encode_table([event]), {EVENT_PROPERTY: SEND_WATERMARK},
+                    key=table_key(TOPIC, partition))
+        )  # fmt: skip
 
     def send(self, *messages: FakeRaw) -> None:
         """The broker dispatches these to the consumer."""

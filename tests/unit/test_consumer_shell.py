@@ -27,9 +27,12 @@ from tests.unit.fake_pulsar import (
     eventually,
     marker,
 )
-from watermark_core.protocol import Watermark
+from watermark_core.protocol import Watermark, table_key
 
 pytestmark = pytest.mark.unit
+
+KEY = table_key(TOPIC, -1)
+"""The key of the fake topic's tables on its companion topic."""
 
 
 class Recorder(WatermarkListener):
@@ -510,12 +513,31 @@ def test_the_companion_reader_skips_malformed_events_and_other_topics(client: Fa
     tables: list[object] = []
     reader = CompanionReader(client, TOPIC, Incarnations(None), on_table=tables.append, on_head=tables.append)
     other = WatermarkEvent(TOPIC + "-other", -1, SUBSCRIPTION, 5, (7, 1), 1)
-    client.reader.queue.put(FakeRaw(FakeId(1, 1), encode_table([other]), {EVENT_PROPERTY: SEND_WATERMARK}))
-    client.reader.queue.put(FakeRaw(FakeId(1, 2), b"\x00garbage", {EVENT_PROPERTY: SEND_WATERMARK}))
+    client.reader.queue.put(FakeRaw(FakeId(1, 1), encode_table([other]), {EVENT_PROPERTY: SEND_WATERMARK}, key=KEY))
+    client.reader.queue.put(FakeRaw(FakeId(1, 2), b"\x00garbage", {EVENT_PROPERTY: SEND_WATERMARK}, key=KEY))
     client.publish_table(3, 100)
     reader.catch_up()
     reader.close()
     assert reader.malformed_events == 1 and len(tables) == 1
+
+
+def test_the_companion_reader_decodes_nothing_under_another_topics_key_nor_an_older_key(client: FakeClient) -> None:
+    """Issue 47: a companion topic shared by a group of topics; the key says whose event it is before decoding."""
+    from pulsar_access.companion import CompanionReader
+    from pulsar_access.incarnations import Incarnations
+    from tests.unit.fake_pulsar import FakeId, FakeRaw
+    from watermark_core.protocol import EVENT_PROPERTY, SEND_WATERMARK, WatermarkEvent, encode_table, table_key
+
+    tables: list[object] = []
+    reader = CompanionReader(client, TOPIC, Incarnations(None), on_table=tables.append, on_head=tables.append)
+    ours = encode_table([WatermarkEvent(TOPIC, -1, SUBSCRIPTION, 5, (7, 1), 1)])
+    other_key = table_key(TOPIC + "-other", -1)
+    client.reader.queue.put(FakeRaw(FakeId(1, 1), b"\x00unread", {EVENT_PROPERTY: SEND_WATERMARK}, key=other_key))
+    client.reader.queue.put(FakeRaw(FakeId(1, 2), ours, {EVENT_PROPERTY: SEND_WATERMARK}, key="-1"))  # an older key
+    client.publish_table(3, 100)
+    reader.catch_up()
+    reader.close()
+    assert reader.malformed_events == 0 and len(tables) == 1
 
 
 def test_the_companion_reader_takes_a_head_event_riding_on_a_table_before_the_table(client: FakeClient) -> None:
@@ -528,8 +550,12 @@ def test_the_companion_reader_takes_a_head_event_riding_on_a_table_before_the_ta
     reader = CompanionReader(client, TOPIC, Incarnations(None), on_table=seen.append, on_head=seen.append)
     event = WatermarkEvent(TOPIC, -1, SUBSCRIPTION, 5, (7, 1), 1)
     head, elsewhere = HeadWatermark(TOPIC, -1, (7, 3), 9), HeadWatermark(TOPIC + "-other", -1, (7, 3), 9)
-    client.reader.queue.put(FakeRaw(FakeId(7, 4), encode_table([event], [head]), {EVENT_PROPERTY: SEND_WATERMARK}))
-    client.reader.queue.put(FakeRaw(FakeId(7, 5), encode_table([event], [elsewhere]), {EVENT_PROPERTY: SEND_WATERMARK}))
+    client.reader.queue.put(
+        FakeRaw(FakeId(7, 4), encode_table([event], [head]), {EVENT_PROPERTY: SEND_WATERMARK}, key=KEY)
+    )
+    client.reader.queue.put(
+        FakeRaw(FakeId(7, 5), encode_table([event], [elsewhere]), {EVENT_PROPERTY: SEND_WATERMARK}, key=KEY)
+    )
     reader.catch_up()
     reader.close()
     assert seen == [head, [event], [event]]
@@ -549,8 +575,10 @@ def test_the_companion_reader_of_one_subscription_hands_on_only_its_events(clien
     )  # fmt: skip
     ours = WatermarkEvent(TOPIC, -1, SUBSCRIPTION, 5, (7, 1), 1)
     others = [WatermarkEvent(TOPIC, -1, f"other-{i}", 5, (7, 1), 1) for i in range(3)]
-    client.reader.queue.put(FakeRaw(FakeId(1, 1), encode_table([*others, ours]), {EVENT_PROPERTY: SEND_WATERMARK}))
-    client.reader.queue.put(FakeRaw(FakeId(1, 2), encode_table(others), {EVENT_PROPERTY: SEND_WATERMARK}))
+    client.reader.queue.put(
+        FakeRaw(FakeId(1, 1), encode_table([*others, ours]), {EVENT_PROPERTY: SEND_WATERMARK}, key=KEY)
+    )
+    client.reader.queue.put(FakeRaw(FakeId(1, 2), encode_table(others), {EVENT_PROPERTY: SEND_WATERMARK}, key=KEY))
     reader.catch_up()
     reader.close()
     assert tables == [[ours]]

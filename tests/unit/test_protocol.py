@@ -37,6 +37,7 @@ from watermark_core.protocol import (
     entry_end,
     head_key,
     is_marker,
+    key_topic,
     position_of,
     table_key,
 )
@@ -288,8 +289,8 @@ def test_is_watermark_topic(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_tables_carry_every_subscription_of_a_partition_under_one_key() -> None:
-    assert table_key(3) == "3"
-    assert table_key(-1) == "-1"
+    assert table_key("persistent://public/default/t", 3) == "persistent://public/default/t:3"
+    assert table_key("persistent://public/default/t", -1) == "persistent://public/default/t:-1"
     other = WatermarkEvent("persistent://public/default/t", 2, "other", None, (1, 1), 4)
     assert decode_table(encode_table([EVENT, other])) == [EVENT, other]
     with pytest.raises(ValueError):
@@ -384,8 +385,8 @@ def test_head_events_round_trip_under_their_own_key_and_property() -> None:
         "v": 1, "topic": "persistent://public/default/x", "partition": 1, "position": [12, 34],
         "event_time": 1_700_000_000_000,
     }  # fmt: skip
-    assert head_key(1) == "head-1" != table_key(1)
-    assert head_key(-1) == "head--1"
+    assert head_key(HEAD.topic, 1) == "head:persistent://public/default/x:1" != table_key(HEAD.topic, 1)
+    assert head_key(HEAD.topic, -1) == "head:persistent://public/default/x:-1"
     assert HEAD_WATERMARK == "HeadWatermark"
     non_partitioned = HeadWatermark("persistent://public/default/x", -1, (0, 0), 0)
     assert decode_head(encode_head(non_partitioned)) == non_partitioned
@@ -441,3 +442,14 @@ def test_a_table_is_not_a_head_event_and_a_head_event_not_a_table() -> None:
         decode_table(encode_head(HEAD))
     with pytest.raises(MalformedMarker):
         decode_head(b"\xc1")
+
+
+def test_a_key_names_its_topic_so_a_reader_of_a_shared_companion_skips_the_others_unread() -> None:
+    """Issue 47, grouped companion topics: compaction keeps the latest per key, so a key names topic and partition."""
+    a, b = "persistent://public/default/a", "persistent://public/default/a:b"  # ':' may be in a topic's name
+    keys = {table_key(t, p) for t in (a, b) for p in (-1, 0, 1)} | {head_key(t, p) for t in (a, b) for p in (-1, 0, 1)}
+    assert len(keys) == 12
+    assert {key_topic(table_key(a, p)) for p in (-1, 0, 7)} == {a} == {key_topic(head_key(a, p)) for p in (-1, 3)}
+    assert key_topic(table_key(b, 2)) == b == key_topic(head_key(b, -1))
+    for older in ("3", "-1", "head-3", "head--1", "", "head:", "x:y"):  # keys of generators before issue 47
+        assert key_topic(older) is None
