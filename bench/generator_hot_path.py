@@ -30,6 +30,7 @@ import pulsar
 from broker_ext.config import GeneratorConfig
 from broker_ext.service import GeneratorService
 from pulsar_access.settings import PulsarSettings
+from pulsar_access.topics import watermark_topic_for
 from watermark_core.protocol import GENERATOR_SUBSCRIPTION, encode_set
 
 TOPICS = 200
@@ -102,7 +103,7 @@ def main(argv: list[str]) -> int:
                                    "topics": {t: _report(-1, None) for t in topics}})  # fmt: skip
         service._follow(set(topics))
         for topic in topics:
-            service._claim_gained(topic, _Producer())
+            service._claim_gained(watermark_topic_for(topic), frozenset({topic}), _Producer())
         cursors._refetched(BROKER, {"topics": {t: {**_report(-1, None), "intake": {"found": [], "scannedTo": [
             LEDGER, -1], "overflowed": False}} for t in topics}}, set(topics))  # fmt: skip
         _drain(service)

@@ -2,8 +2,10 @@
 
 Each instance asks for the producer of every followed topic's companion topic (where its tables go) in
 Pulsar's `WaitForExclusive` access mode. Pulsar grants it to one instance and queues the others' requests:
-that instance owns every partition of the topic, and no other producer can write the topic's tables, so a
-stale owner's sends fail (`ProducerFenced`) instead of landing. When the holder's connection closes (a
+that instance owns every partition of every topic whose tables go there, and no other producer can write
+those tables, so a stale owner's sends fail (`ProducerFenced`) instead of landing. A claim is the companion
+topic's, not a data topic's: a companion topic may carry the tables of several topics (issue 47), and they
+are owned together. When the holder's connection closes (a
 `kill -9` closes it at once; a lost host after Pulsar's keep-alive) the broker grants the next request in the
 queue within milliseconds. A holder whose producer went back to Pulsar's queue (the companion topic moved to
 another broker and another instance reconnected first) sees it disconnected at the next check: it gives the
@@ -34,7 +36,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import _pulsar
@@ -88,32 +90,33 @@ class Follows:
         return cls(split(properties.get("namespaces", "")), split(properties.get("topics", "")))
 
 
-def rank(base_topic: str, instance_id: str, members: set[str]) -> int:
-    """Where `instance_id` stands among `members` for `base_topic` (0: asks first), by rendezvous hashing."""
-    return ranked(base_topic, members | {instance_id}).index(instance_id)
+def rank(companion: str, instance_id: str, members: set[str]) -> int:
+    """Where `instance_id` stands among `members` for `companion`'s claim (0: asks first), by rendezvous hashing."""
+    return ranked(companion, members | {instance_id}).index(instance_id)
 
 
-def ranked(base_topic: str, members: set[str]) -> list[str]:
-    """`members` in the order they ask for `base_topic`'s claim."""
+def ranked(companion: str, members: set[str]) -> list[str]:
+    """`members` in the order they ask for `companion`'s claim."""
 
     def weight(member: str) -> bytes:
-        return hashlib.blake2b(f"{base_topic}\x00{member}".encode(), digest_size=8).digest()
+        return hashlib.blake2b(f"{companion}\x00{member}".encode(), digest_size=8).digest()
 
     return sorted(members, key=weight)
 
 
 @dataclass
 class Claim:
-    """One base topic's claim: its companion producer once granted, and the request in flight."""
+    """One companion topic's claim: the followed base topics whose tables go there, its producer once granted, and
+    the request in flight."""
 
-    base_topic: str
     companion: str
+    topics: set[str] = field(default_factory=set)
     producer: pulsar.Producer | None = None
-    """The granted producer (the dispatcher sends the topic's tables on it)."""
+    """The granted producer (the dispatcher sends the topics' tables on it)."""
     asking: int = 0
     """The request in flight (a counter: an answer to an earlier one is stale), 0: none."""
     home: bool = False
-    """Served by this instance's own broker (of several): it keeps the topic whatever the rank."""
+    """One of its topics is served by this instance's own broker (of several): it keeps them whatever the rank."""
     held_since: float = 0.0
 
 
@@ -122,7 +125,7 @@ class Claims:
 
     def __init__(
         self, client: pulsar.Client, loop: EventLoop, instance_id: str, namespace: str | None,
-        gained: Callable[[str, pulsar.Producer], None], lost: Callable[[str], None],
+        gained: Callable[[str, frozenset[str], pulsar.Producer], None], lost: Callable[[str, frozenset[str]], None],
         admin: PulsarAdmin | None = None, pool: Executor | None = None, members_client: pulsar.Client | None = None,
         follows: Follows = Follows(),
     ) -> None:  # fmt: skip
@@ -131,10 +134,14 @@ class Claims:
         self._instance_id = instance_id
         self._namespace = namespace
         self._gained = gained
-        """Called with the base topic and its producer when Pulsar grants a claim (loop thread)."""
+        """Called with the companion topic, its base topics and the producer when Pulsar grants a claim, and with a
+        topic that joins a held claim (loop thread)."""
         self._lost = lost
-        """Called with the base topic when a held claim is lost or dropped (loop thread)."""
+        """Called with the companion topic and its base topics when a held claim is lost or dropped (loop thread)."""
         self._claims: dict[str, Claim] = {}
+        """By companion topic."""
+        self._of_topic: dict[str, Claim] = {}
+        """The claim of each followed base topic."""
         self._requests = 0
         self._checking = False
         self._admin = admin
@@ -193,9 +200,10 @@ class Claims:
         self._members = members
         self._hand_over_where_not_first(now)
 
-    def _rank(self, base_topic: str) -> list[str]:
-        """The instances following `base_topic` (this one too), in the order they ask for its claim."""
-        return ranked(base_topic, {m for m, f in self._members.items() if base_topic in f} | {self._instance_id})
+    def _rank(self, claim: Claim) -> list[str]:
+        """The instances following any of the claim's topics (this one too), in the order they ask for it."""
+        following = {m for m, f in self._members.items() if any(topic in f for topic in claim.topics)}
+        return ranked(claim.companion, following | {self._instance_id})
 
     def _hand_over_where_not_first(self, now: float) -> None:
         """Release the held claims whose first in rank is another instance, a member long enough to follow the
@@ -203,30 +211,42 @@ class Claims:
         for claim in list(self._claims.values()):
             if claim.producer is None or claim.home or now - claim.held_since < REBALANCE_AFTER_S:
                 continue
-            order = self._rank(claim.base_topic)
+            order = self._rank(claim)
             first = order[0]
             if first == self._instance_id or now - self._joined.get(first, now) < REBALANCE_AFTER_S:
                 continue
-            log.info("%s: handing the topic over to generator %s (first in rank)", claim.base_topic, first)
+            log.info("%s: handing its topics over to generator %s (first in rank)", claim.companion, first)
             self._release(claim)
             later = now + order.index(self._instance_id) * HOLD_OFF_S
-            self._loop.call_at(later, ("claim", claim.base_topic), functools.partial(self._ask, claim))
+            self._loop.call_at(later, ("claim", claim.companion), functools.partial(self._ask, claim))
 
     def held(self, base_topic: str) -> pulsar.Producer | None:
-        """The topic's granted companion producer, or None."""
-        claim = self._claims.get(base_topic)
+        """The granted producer of the topic's companion, or None."""
+        claim = self._of_topic.get(base_topic)
         return None if claim is None else claim.producer
 
     def want(self, base_topic: str, *, home: bool = False) -> None:
-        """Claim a followed topic (once; again after a loss): at once where `home` (served by this instance's own
-        broker, of several), else after its rank's hold-off (and never in the instance's first `STARTUP_S`)."""
-        if base_topic in self._claims:
+        """Claim a followed topic's companion (once; again after a loss): at once where `home` (served by this
+        instance's own broker, of several), else after its rank's hold-off (and never in the instance's first
+        `STARTUP_S`). A topic whose companion is claimed already joins that claim (and is owned at once if held)."""
+        if base_topic in self._of_topic:
             return
-        claim = Claim(base_topic, watermark_topic_for(base_topic, self._namespace), home=home)
-        self._claims[base_topic] = claim
-        now = time.time()
-        if now < self._ready_at:
-            self._loop.call_at(self._ready_at, ("claim", base_topic), lambda: self._after_rank(claim, home))
+        companion = watermark_topic_for(base_topic, self._namespace)
+        claim = self._claims.get(companion)
+        fresh = claim is None
+        if claim is None:
+            claim = self._claims[companion] = Claim(companion)
+        self._of_topic[base_topic] = claim
+        claim.topics.add(base_topic)
+        claim.home = claim.home or home
+        if fresh:
+            self._schedule(claim, home)
+        elif claim.producer is not None:
+            self._gained(companion, frozenset({base_topic}), claim.producer)
+
+    def _schedule(self, claim: Claim, home: bool) -> None:
+        if time.time() < self._ready_at:
+            self._loop.call_at(self._ready_at, ("claim", claim.companion), lambda: self._after_rank(claim, home))
         else:
             self._after_rank(claim, home)
         if not self._checking:
@@ -234,25 +254,31 @@ class Claims:
             self._loop.call_at(time.time() + CHECK_S, ("claims", "check"), self._check)
 
     def _after_rank(self, claim: Claim, home: bool) -> None:
-        place = 0 if home else self._rank(claim.base_topic).index(self._instance_id)
+        place = 0 if home else self._rank(claim).index(self._instance_id)
         if place == 0:
             self._ask(claim)
         else:
-            self._loop.call_at(time.time() + place * HOLD_OFF_S, ("claim", claim.base_topic), lambda: self._ask(claim))
+            self._loop.call_at(time.time() + place * HOLD_OFF_S, ("claim", claim.companion), lambda: self._ask(claim))
 
     def drop(self, base_topic: str) -> None:
-        """The topic is gone: give its claim up (a held producer is closed; a request's answer is ignored)."""
-        claim = self._claims.pop(base_topic, None)
-        self._loop.cancel(("claim", base_topic))
-        if claim is not None and claim.producer is not None:
+        """The topic is gone: it leaves its claim; the last to leave gives the claim up (a held producer is closed;
+        a request's answer is ignored)."""
+        claim = self._of_topic.pop(base_topic, None)
+        if claim is None:
+            return
+        claim.topics.discard(base_topic)
+        if claim.topics:
+            return
+        del self._claims[claim.companion]
+        self._loop.cancel(("claim", claim.companion))
+        if claim.producer is not None:
             self._release(claim)
 
-    def fenced(self, base_topic: str) -> None:
-        """A send on the topic's producer was refused as fenced: another instance holds the claim now."""
-        claim = self._claims.get(base_topic)
+    def fenced(self, companion: str) -> None:
+        """A send on the companion's producer was refused as fenced: another instance holds the claim now."""
+        claim = self._claims.get(companion)
         if claim is not None and claim.producer is not None:
-            log.info("%s: Pulsar fenced our producer on %s: another generator owns the topic now",
-                     base_topic, claim.companion)  # fmt: skip
+            log.info("%s: Pulsar fenced our producer: another generator owns its topics now", companion)
             self._give_up(claim)
 
     def close(self) -> None:
@@ -270,7 +296,7 @@ class Claims:
     # -- requests --------------------------------------------------------------------------------------
 
     def _ask(self, claim: Claim) -> None:
-        if self._claims.get(claim.base_topic) is not claim or claim.producer is not None or claim.asking:
+        if self._claims.get(claim.companion) is not claim or claim.producer is not None or claim.asking:
             return
         self._requests += 1
         claim.asking = attempt = self._requests
@@ -293,14 +319,13 @@ class Claims:
         if claim.asking != attempt:
             return
         claim.asking = 0
-        current = self._claims.get(claim.base_topic) is claim
+        current = self._claims.get(claim.companion) is claim
         if result != pulsar.Result.Ok:
             if current:
                 if result != pulsar.Result.Timeout:  # a timeout: it waited `WAIT_S` in the queue; ask again now
-                    log.debug("%s: claiming %s failed (%s); asking again in %.0f s",
-                              claim.base_topic, claim.companion, result, RETRY_S)  # fmt: skip
+                    log.debug("claiming %s failed (%s); asking again in %.0f s", claim.companion, result, RETRY_S)
                 delay = 0.0 if result == pulsar.Result.Timeout else RETRY_S
-                self._loop.call_at(time.time() + delay, ("claim", claim.base_topic), lambda: self._ask(claim))
+                self._loop.call_at(time.time() + delay, ("claim", claim.companion), lambda: self._ask(claim))
             return
         if not current:  # dropped meanwhile
             with contextlib.suppress(Exception):
@@ -310,8 +335,9 @@ class Claims:
         claim.producer = wrapped = pulsar.Producer()  # as `pulsar.Client.create_producer` wraps the binding's
         wrapped._producer, wrapped._schema = producer, pulsar.schema.BytesSchema()
         wrapped._client = self._client._client
-        log.info("%s: claimed (this generator holds %s): owning the topic", claim.base_topic, claim.companion)
-        self._gained(claim.base_topic, wrapped)
+        log.info("%s: claimed (this generator holds its producer): owning %s", claim.companion,
+                 _named(claim.topics))  # fmt: skip
+        self._gained(claim.companion, frozenset(claim.topics), wrapped)
 
     # -- held claims -------------------------------------------------------------------------------------
 
@@ -320,8 +346,8 @@ class Claims:
         way it is given up and asked for again; Pulsar grants it back at once if nobody else waits)."""
         for claim in list(self._claims.values()):
             if claim.producer is not None and not claim.producer.is_connected():
-                log.info("%s: our producer on %s is disconnected: giving the topic up and claiming it again",
-                         claim.base_topic, claim.companion)  # fmt: skip
+                log.info("%s: our producer is disconnected: giving %s up and claiming again", claim.companion,
+                         _named(claim.topics))  # fmt: skip
                 self._give_up(claim)
         if self._claims:
             self._loop.call_at(time.time() + CHECK_S, ("claims", "check"), self._check)
@@ -337,4 +363,9 @@ class Claims:
         if producer is not None:
             with contextlib.suppress(Exception):
                 producer._producer.close_async(lambda _result: None)
-        self._lost(claim.base_topic)
+        self._lost(claim.companion, frozenset(claim.topics))
+
+
+def _named(topics: set[str]) -> str:
+    """The topics of a claim, for the log: the one, or how many."""
+    return next(iter(topics)) if len(topics) == 1 else f"{len(topics)} topics"

@@ -130,7 +130,6 @@ class Companion:
     """One companion topic: its producer once created, what waits for it, compaction bookkeeping."""
 
     topic: str
-    base_topic: str
     producer: pulsar.Producer | None = None
     creating: bool = False
     waiting: list[PublishTable | HeadWatermark] = field(default_factory=list)
@@ -151,7 +150,7 @@ class WatermarkDispatcher:
     def __init__(
         self, client: pulsar.Client, admin: PulsarAdmin, instance_id: str, metrics: GeneratorMetrics,
         loop: EventLoop, pool: Executor, namespace: str | None = None, *, by_claim: bool = False,
-        fenced: Callable[[str], None] = lambda base_topic: None,
+        fenced: Callable[[str], None] = lambda companion: None,
     ) -> None:  # fmt: skip
         self._by_claim = by_claim
         self._fenced = fenced
@@ -221,21 +220,23 @@ class WatermarkDispatcher:
     def _companion(self, topic: str) -> Companion:
         companion = self._of_topic.get(topic)  # naming the companion parses the topic: once per topic
         if companion is None or self._companions.get(companion.topic) is not companion:
-            name = watermark_topic_for(topic, self._namespace)
-            companion = self._companions.get(name)
-            if companion is None:
-                companion = self._companions[name] = Companion(name, topic.split("-partition-")[0])
-            self._of_topic[topic] = companion
+            companion = self._of_topic[topic] = self._named(watermark_topic_for(topic, self._namespace))
         return companion
 
-    def claimed(self, base_topic: str, producer: pulsar.Producer) -> None:
-        """Our claim on the topic is granted: its tables and head events go out on the claim's producer."""
-        companion = self._companion(base_topic)
-        self._ready(companion, producer, None)
+    def _named(self, name: str) -> Companion:
+        """The companion topic `name`'s, made when first asked for."""
+        companion = self._companions.get(name)
+        if companion is None:
+            companion = self._companions[name] = Companion(name)
+        return companion
 
-    def unclaimed(self, base_topic: str) -> None:
-        """Our claim on the topic is lost: nothing waiting goes out (the new owner publishes its own)."""
-        companion = self._companion(base_topic)
+    def claimed(self, companion_topic: str, producer: pulsar.Producer) -> None:
+        """Our claim on the companion topic is granted: its tables and head events go out on the claim's producer."""
+        self._ready(self._named(companion_topic), producer, None)
+
+    def unclaimed(self, companion_topic: str) -> None:
+        """Our claim on the companion topic is lost: nothing waiting goes out (the new owner publishes its own)."""
+        companion = self._named(companion_topic)
         companion.producer = None
         companion.waiting.clear()
         for partition in list(companion.heads.waiting):
@@ -400,7 +401,7 @@ class WatermarkDispatcher:
         (the claim is lost; its owner publishes)."""
         if not self._by_claim or result != pulsar.Result.ProducerFenced:
             return False
-        self._fenced(companion.base_topic)
+        self._fenced(companion.topic)
         return True
 
     def _resend(self, companion: Companion, table: PublishTable) -> None:

@@ -77,7 +77,7 @@ class GeneratorService:
             self.pool,
             config.watermark_namespace,
             by_claim=config.ownership == "claim",
-            fenced=lambda base_topic: self.claims.fenced(base_topic) if self.claims is not None else None,
+            fenced=lambda companion: self.claims.fenced(companion) if self.claims is not None else None,
         )
         self.claims: Claims | None = None
         """By claim (`--ownership claim`): which topics this instance owns (broker_ext/claims.py), on a client of its
@@ -109,7 +109,7 @@ class GeneratorService:
         self.partitions: dict[str, PartitionIO] = {}
         """Every partition followed, by topic name; touched only on the loop's thread."""
         self._of_base: dict[str, dict[str, PartitionIO]] = {}
-        """The same partitions by base topic (a claim is a base topic's: no scan of every partition per claim)."""
+        """The same partitions by base topic (a claim names base topics: no scan of every partition per claim)."""
         self._followed_at: dict[str, float] = {}
         """When each partition was followed (monotonic; loop thread): a list asked for before it does not drop it."""
         self._stop = threading.Event()
@@ -193,15 +193,17 @@ class GeneratorService:
         bases = self.admin.admin_bases
         return len(bases) > 1 and self.cursors.served_by(partition) == bases[0]
 
-    def _claim_gained(self, base_topic: str, producer: pulsar.Producer) -> None:
-        self.dispatcher.claimed(base_topic, producer)
-        for partition in list(self._of_base.get(base_topic, {}).values()):
-            partition.claim(True)
+    def _claim_gained(self, companion: str, topics: frozenset[str], producer: pulsar.Producer) -> None:
+        self.dispatcher.claimed(companion, producer)
+        for base_topic in topics:
+            for partition in list(self._of_base.get(base_topic, {}).values()):
+                partition.claim(True)
 
-    def _claim_lost(self, base_topic: str) -> None:
-        self.dispatcher.unclaimed(base_topic)
-        for partition in list(self._of_base.get(base_topic, {}).values()):
-            partition.claim(False)
+    def _claim_lost(self, companion: str, topics: frozenset[str]) -> None:
+        self.dispatcher.unclaimed(companion)
+        for base_topic in topics:
+            for partition in list(self._of_base.get(base_topic, {}).values()):
+                partition.claim(False)
 
     def head_position(self, topic: str) -> Position | None:
         """How far the engine of `topic` has read (for benchmarks; a racy read from another thread)."""

@@ -8,6 +8,7 @@ from typing import Any, cast
 
 from broker_ext.claims import Claim, Claims, Follows, rank
 from broker_ext.loop import EventLoop
+from pulsar_access.topics import watermark_topic_for
 
 
 def test_three_instances_each_ask_first_for_about_a_third_of_the_topics() -> None:
@@ -39,15 +40,20 @@ def test_what_an_instance_follows_travels_in_its_member_producers_properties() -
 
 
 def _claims(instance: str, follows: Follows) -> tuple[Claims, list[str]]:
+    """Claims of `instance`; the companion topics it loses, in order."""
     lost: list[str] = []
-    claims = Claims(cast(Any, None), EventLoop("test-claims"), instance, None, gained=lambda t, p: None,
-                    lost=lost.append, follows=follows)  # fmt: skip
+    claims = Claims(cast(Any, None), EventLoop("test-claims"), instance, None, gained=lambda c, t, p: None,
+                    lost=lambda companion, _topics: lost.append(companion), follows=follows)  # fmt: skip
     return claims, lost
 
 
-def _held(claims: Claims, topic: str, since: float) -> None:
+def _held(claims: Claims, companion: str, since: float, topics: set[str] | None = None) -> Claim:
     producer = SimpleNamespace(_producer=SimpleNamespace(close_async=lambda done: None))
-    claims._claims[topic] = Claim(topic, "companion", producer=cast(Any, producer), held_since=since)
+    claim = Claim(companion, topics or {companion}, producer=cast(Any, producer), held_since=since)
+    claims._claims[companion] = claim
+    for topic in claim.topics:
+        claims._of_topic[topic] = claim
+    return claim
 
 
 def test_an_owner_hands_a_topic_over_to_the_first_in_rank_that_follows_it_once_both_settled() -> None:
@@ -68,3 +74,25 @@ def test_an_owner_hands_a_topic_over_to_the_first_in_rank_that_follows_it_once_b
     lost.clear()
     claims._hand_over_where_not_first(200.0)
     assert lost == []  # released ones are not held: nothing more to hand over
+
+
+def test_a_claim_is_its_companion_topics_and_its_topics_are_owned_and_let_go_together() -> None:
+    """Issue 47: a companion topic may carry the tables of several topics; its claim owns them all."""
+    a, b, c = (f"persistent://public/default/{name}" for name in "abc")
+    companion = watermark_topic_for(c)  # a and b joined it before (as topics of one group would)
+    gained: list[tuple[str, frozenset[str]]] = []
+    lost: list[tuple[str, frozenset[str]]] = []
+    claims = Claims(cast(Any, None), EventLoop("test-claims"), "gen-a", None,
+                    gained=lambda comp, topics, _p: gained.append((comp, topics)),
+                    lost=lambda comp, topics: lost.append((comp, topics)))  # fmt: skip
+    claim = _held(claims, companion, since=0.0, topics={a, b})
+    claims.want(c)  # joins the held claim: owned at once, no request of its own
+    assert gained == [(companion, frozenset({c}))] and claim.topics == {a, b, c} and claim.asking == 0
+    assert claims.held(a) is claims.held(c) is claim.producer
+    claims.drop(a)
+    claims.drop(c)
+    assert lost == [] and claims.held(b) is claim.producer  # b still follows it
+    claims.fenced(companion)  # another instance holds it now: every topic of it is lost together
+    assert lost == [(companion, frozenset({b}))] and claims.held(b) is None
+    claims.drop(b)
+    assert companion not in claims._claims and claims.held(b) is None
