@@ -3,11 +3,14 @@
 Companion topics live in the watermark namespace (`pulsar_access.topics.watermark_topic_for`),
 where only the generator's role may produce. Consumers read them with a compacted reader; the
 generator triggers compaction now and then so that a consumer that attaches finds the latest table
-of its partition (key `<partition>`) and the latest head event (key `head-<partition>`) at once
-without reading the whole history. Runs on the event loop's thread and never blocks it: a
-companion topic's producer is created on the worker pool (tables and head events wait for it, in
-order), both are sent asynchronously in the order the engines publish them on that one producer,
-and one whose send failed is sent again unless a later one of its kind and partition was sent since.
+of its partition (key `<topic>:<partition>`) and the latest head event (key `head:<topic>:<partition>`)
+at once without reading the whole history. A companion topic may carry the events of several data
+topics: what is kept per partition is kept per (topic, partition).
+
+Runs on the event loop's thread and never blocks it: a companion topic's producer is created on the
+worker pool (tables and head events wait for it, in order), both are sent asynchronously in the
+order the engines publish them on that one producer, and one whose send failed is sent again unless
+a later one of its kind and partition was sent since.
 """
 
 from __future__ import annotations
@@ -54,29 +57,40 @@ def compaction_due(events_since: int, compacted_at: float, now: float, first_of_
     return first_of_run or events_since >= COMPACT_EVERY_EVENTS or now - compacted_at >= COMPACT_EVERY_S
 
 
+PartitionKey = tuple[str, int]
+"""A partition on a companion topic: its base topic and index (-1: not partitioned)."""
+
+
 @dataclass
 class LatestSent:
     """Per partition, the latest table and head event sent: a failed send goes out again only while it is
     still the latest of its kind (a reader needs only the newest: compaction keeps one per key anyway)."""
 
-    tables: dict[int, int] = field(default_factory=dict)
+    tables: dict[PartitionKey, int] = field(default_factory=dict)
     """Per partition, the seq of the latest table sent."""
-    heads: dict[int, HeadWatermark] = field(default_factory=dict)
+    heads: dict[PartitionKey, HeadWatermark] = field(default_factory=dict)
     """Per partition, the latest head event sent."""
 
     def sending_table(self, table: PublishTable) -> None:
-        self.tables[table.events[0].partition] = table.events[0].seq
+        first = table.events[0]
+        self.tables[first.topic, first.partition] = first.seq
 
     def sending_head(self, head: HeadWatermark) -> None:
-        self.heads[head.partition] = head
+        self.heads[head.topic, head.partition] = head
 
     def resend_table(self, table: PublishTable) -> bool:
         """Whether a table whose send failed is to be sent again: no later one of its partition was sent."""
-        return self.tables.get(table.events[0].partition) == table.events[0].seq
+        first = table.events[0]
+        return self.tables.get((first.topic, first.partition)) == first.seq
 
     def resend_head(self, head: HeadWatermark) -> bool:
         """Whether a head event whose send failed is to be sent again: no later one of its partition was sent."""
-        return self.heads.get(head.partition) is head
+        return self.heads.get((head.topic, head.partition)) is head
+
+    def forget(self, topic: str) -> None:
+        """The topic is no longer followed: nothing of it is sent again."""
+        self.tables = {key: seq for key, seq in self.tables.items() if key[0] != topic}
+        self.heads = {key: head for key, head in self.heads.items() if key[0] != topic}
 
 
 HEAD_WAIT_S = 0.25
@@ -94,29 +108,30 @@ class HeadPairing:
     ends between two of them needs the earlier one. Times are monotonic seconds, passed in.
     """
 
-    waiting: dict[int, list[HeadWatermark]] = field(default_factory=dict)
-    at_once: set[int] = field(default_factory=set)
-    alone_at: dict[int, float] = field(default_factory=dict)
+    waiting: dict[PartitionKey, list[HeadWatermark]] = field(default_factory=dict)
+    at_once: set[PartitionKey] = field(default_factory=set)
+    alone_at: dict[PartitionKey, float] = field(default_factory=dict)
     """When a head of the partition last went out alone."""
 
     def on_head(self, head: HeadWatermark, now: float) -> Literal["send", "wait", "added"]:
         """What to do with a new head: "send" it now; "wait" (held: call `due` after `HEAD_WAIT_S`); "added"
         (held after others whose wait goes on)."""
-        if head.partition in self.at_once:
-            self.alone_at[head.partition] = now
+        partition = (head.topic, head.partition)
+        if partition in self.at_once:
+            self.alone_at[partition] = now
             return "send"
-        waiting = self.waiting.setdefault(head.partition, [])
+        waiting = self.waiting.setdefault(partition, [])
         waiting.append(head)
         return "wait" if len(waiting) == 1 else "added"
 
-    def on_table(self, partition: int, now: float) -> list[HeadWatermark]:
+    def on_table(self, partition: PartitionKey, now: float) -> list[HeadWatermark]:
         """A table of the partition goes out now: the heads to ride on it, in order."""
         heads = self.waiting.pop(partition, [])
         if not heads and now - self.alone_at.get(partition, -HEAD_WAIT_S) < HEAD_WAIT_S:
             self.at_once.discard(partition)
         return heads
 
-    def due(self, partition: int, now: float) -> list[HeadWatermark]:
+    def due(self, partition: PartitionKey, now: float) -> list[HeadWatermark]:
         """The wait is over: the heads still waiting go alone, and the partition's next ones at once."""
         heads = self.waiting.pop(partition, [])
         if heads:
@@ -124,12 +139,23 @@ class HeadPairing:
             self.alone_at[partition] = now
         return heads
 
+    def forget(self, topic: str) -> list[PartitionKey]:
+        """The topic is no longer followed: its partitions whose heads were waiting (their timers to cancel)."""
+        waited = [key for key in self.waiting if key[0] == topic]
+        for key in waited:
+            del self.waiting[key]
+        self.at_once = {key for key in self.at_once if key[0] != topic}
+        self.alone_at = {key: at for key, at in self.alone_at.items() if key[0] != topic}
+        return waited
+
 
 @dataclass
 class Companion:
     """One companion topic: its producer once created, what waits for it, compaction bookkeeping."""
 
     topic: str
+    followed: dict[str, set[str]] = field(default_factory=dict)
+    """The base topics whose events go here, each with its partitions' names (with none left, it is let go)."""
     producer: pulsar.Producer | None = None
     creating: bool = False
     waiting: list[PublishTable | HeadWatermark] = field(default_factory=list)
@@ -180,7 +206,8 @@ class WatermarkDispatcher:
         if companion.producer is None:
             self._wait_for_producer(companion, table)
             return
-        partition = table.events[0].partition
+        first = table.events[0]
+        partition = (first.topic, first.partition)
         heads = companion.heads.on_table(partition, time.monotonic())
         if heads:
             self._loop.cancel(_head_timer(companion, partition))
@@ -199,13 +226,12 @@ class WatermarkDispatcher:
         action = companion.heads.on_head(head, time.monotonic())
         if action == "wait":
             due = time.time() + HEAD_WAIT_S
-            self._loop.call_at(
-                due, _head_timer(companion, head.partition), lambda: self._head_due(companion, head.partition)
-            )
+            partition = (head.topic, head.partition)
+            self._loop.call_at(due, _head_timer(companion, partition), lambda: self._head_due(companion, partition))
         elif action == "send":
             self._head_alone(companion, head)
 
-    def _head_due(self, companion: Companion, partition: int) -> None:
+    def _head_due(self, companion: Companion, partition: PartitionKey) -> None:
         heads = companion.heads.due(partition, time.monotonic())
         if self._companions.get(companion.topic) is companion:
             for head in heads:
@@ -221,6 +247,7 @@ class WatermarkDispatcher:
         companion = self._of_topic.get(topic)  # naming the companion parses the topic: once per topic
         if companion is None or self._companions.get(companion.topic) is not companion:
             companion = self._of_topic[topic] = self._named(watermark_topic_for(topic, self._namespace))
+            companion.followed.setdefault(topic.split("-partition-")[0], set()).add(topic)
         return companion
 
     def _named(self, name: str) -> Companion:
@@ -444,10 +471,21 @@ class WatermarkDispatcher:
                 log.warning("compaction of %s not triggered: %s", topic, exc)
 
     def forget(self, topic: str) -> None:
-        """The topic is gone: close its companion's producer (on the loop thread)."""
-        self._of_topic.pop(topic, None)
-        companion = self._companions.pop(watermark_topic_for(topic, self._namespace), None)
-        if companion is not None and companion.producer is not None and not self._by_claim:  # a claim's: it closes
+        """The base topic is gone: nothing of it is sent again, and a companion left with no topic is let go (its
+        producer closed, but a claim's: the claims close those); on the loop thread."""
+        name = watermark_topic_for(topic, self._namespace)
+        companion = self._companions.get(name)
+        if companion is None:
+            return
+        for partition_topic in companion.followed.pop(topic, ()):
+            self._of_topic.pop(partition_topic, None)
+        companion.sent.forget(topic)
+        for partition in companion.heads.forget(topic):
+            self._loop.cancel(_head_timer(companion, partition))
+        if companion.followed:
+            return
+        del self._companions[name]
+        if companion.producer is not None and not self._by_claim:
             self._pool.submit(_close, companion.producer)
 
     def close(self) -> None:
@@ -461,7 +499,7 @@ class WatermarkDispatcher:
                     _close(companion.producer)
 
 
-def _head_timer(companion: Companion, partition: int) -> tuple[str, str, int]:
+def _head_timer(companion: Companion, partition: PartitionKey) -> tuple[str, str, PartitionKey]:
     """The loop's timer key of a partition's waiting head events."""
     return ("head", companion.topic, partition)
 

@@ -16,12 +16,16 @@ from watermark_core.protocol import HeadWatermark, WatermarkEvent
 TOPIC = "persistent://public/default/t"
 
 
-def table(partition: int, seq: int) -> PublishTable:
-    return PublishTable((WatermarkEvent(TOPIC, partition, "sub", 1000 + seq, (1, seq), seq),))
+OTHER = "persistent://public/default/u"
+"""A topic whose tables go to the same companion topic (issue 47: a companion topic carries a group's)."""
 
 
-def head(partition: int, entry: int) -> HeadWatermark:
-    return HeadWatermark(TOPIC, partition, (1, entry), 1000 + entry)
+def table(partition: int, seq: int, topic: str = TOPIC) -> PublishTable:
+    return PublishTable((WatermarkEvent(topic, partition, "sub", 1000 + seq, (1, seq), seq),))
+
+
+def head(partition: int, entry: int, topic: str = TOPIC) -> HeadWatermark:
+    return HeadWatermark(topic, partition, (1, entry), 1000 + entry)
 
 
 def test_a_failed_table_is_sent_again_while_it_is_the_latest_of_its_partition() -> None:
@@ -53,6 +57,16 @@ def test_head_events_follow_the_same_rule_apart_from_tables() -> None:
     assert sent.resend_head(later) and sent.resend_head(other)
 
 
+def test_the_same_partition_of_another_topic_on_the_companion_supersedes_nothing() -> None:
+    sent = LatestSent()
+    first, first_head = table(-1, 1), head(-1, 1)
+    sent.sending_table(first)
+    sent.sending_head(first_head)
+    sent.sending_table(table(-1, 2, OTHER))
+    sent.sending_head(head(-1, 2, OTHER))
+    assert sent.resend_table(first) and sent.resend_head(first_head)
+
+
 def test_nothing_sent_means_nothing_to_send_again() -> None:
     sent = LatestSent()
     assert not sent.resend_table(table(0, 1))
@@ -76,18 +90,26 @@ def test_head_events_wait_for_a_table_to_ride_on_all_of_them_in_order() -> None:
     assert pairing.on_head(head(0, 3), now=10.0) == "wait"  # a timer: due alone at 10.0 + HEAD_WAIT_S
     assert pairing.on_head(head(0, 5), now=10.1) == "added"  # the same timer still runs
     assert pairing.on_head(head(1, 5), now=10.1) == "wait"  # partitions are apart
-    assert pairing.on_table(0, now=10.2) == [head(0, 3), head(0, 5)]  # a reader's batch may end between them
-    assert pairing.on_table(0, now=10.3) == []
-    assert pairing.due(0, now=10.0 + HEAD_WAIT_S) == []  # nothing left for the timer
+    assert pairing.on_table((TOPIC, 0), now=10.2) == [head(0, 3), head(0, 5)]  # a reader's batch may end between them
+    assert pairing.on_table((TOPIC, 0), now=10.3) == []
+    assert pairing.due((TOPIC, 0), now=10.0 + HEAD_WAIT_S) == []  # nothing left for the timer
 
 
 def test_heads_nobody_acknowledged_in_time_go_alone_and_the_next_ones_at_once_until_a_table_follows_soon() -> None:
     pairing = HeadPairing()
     pairing.on_head(head(0, 3), now=10.0)
-    assert pairing.due(0, now=10.0 + HEAD_WAIT_S) == [head(0, 3)]  # a reader of heads (Spark) waits no longer
+    assert pairing.due((TOPIC, 0), now=10.0 + HEAD_WAIT_S) == [head(0, 3)]  # a reader of heads (Spark) waits no longer
     assert pairing.on_head(head(0, 4), now=11.0) == "send"  # no subscription acknowledges soon: no wait at all
-    assert pairing.on_table(0, now=11.0 + 2 * HEAD_WAIT_S) == []  # a table long after: still at once
+    assert pairing.on_table((TOPIC, 0), now=11.0 + 2 * HEAD_WAIT_S) == []  # a table long after: still at once
     assert pairing.on_head(head(0, 5), now=12.0) == "send"
-    assert pairing.on_table(0, now=12.0 + HEAD_WAIT_S / 2) == []  # a table soon after the head: wait again
+    assert pairing.on_table((TOPIC, 0), now=12.0 + HEAD_WAIT_S / 2) == []  # a table soon after the head: wait again
     assert pairing.on_head(head(0, 6), now=13.0) == "wait"
-    assert pairing.on_table(0, now=13.1) == [head(0, 6)]
+    assert pairing.on_table((TOPIC, 0), now=13.1) == [head(0, 6)]
+
+
+def test_the_heads_of_two_topics_of_one_companion_wait_apart() -> None:
+    pairing = HeadPairing()
+    assert pairing.on_head(head(-1, 3), now=10.0) == "wait"
+    assert pairing.on_head(head(-1, 3, OTHER), now=10.0) == "wait"  # a timer of its own
+    assert pairing.on_table((OTHER, -1), now=10.1) == [head(-1, 3, OTHER)]
+    assert pairing.due((TOPIC, -1), now=10.0 + HEAD_WAIT_S) == [head(-1, 3)]
