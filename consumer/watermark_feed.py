@@ -2,8 +2,9 @@
 
 The generator publishes one event per (partition, subscription) change to the topic's companion
 topic; `CompanionReader` (pulsar_access/companion.py, shared with the Spark source) reads it from its
-start, so the current watermark is known at once and every change after it follows. An event that
-names another topic or subscription is ignored.
+start, so the current watermark is known at once and every change after it follows, through the client's
+one reader of that companion topic (shared by the feeds of the topics whose events go there). An event
+that names another topic or subscription is ignored.
 
 Each event names the mark-delete position it was computed at, and holds only for messages after
 it. Which event may stand over which message, which acknowledgement waits, how long a partition that
@@ -175,7 +176,7 @@ class WatermarkFeed:
         self._companion = CompanionReader(
             client, topic, self._incarnations, on_table=self._on_table, on_head=self._on_head,
             each_turn=self._each_turn, on_caught_up=self._on_caught_up, wants_caught_up=self._wants_caught_up,
-            thread_name=f"wm-feed-{subscription}", subscription=subscription,
+            subscription=subscription, shared=True,
         )  # fmt: skip
         # Silent: the history before the latest event (older watermarks, or higher ones from before a
         # seek) is not the subscription's watermark now and is never handed on. Then the engine hands a

@@ -17,6 +17,7 @@ from consumer import WatermarkConsumer
 from producer import TransactionClosedError, WatermarkProducer
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.settings import PulsarSettings
+from pulsar_access.topics import watermark_topic_for
 from tests.integration.helpers import Recorder, backlog, partition_backlogs, wait_until, watermarks
 from tests.oracle import assert_oracle_agrees, keep_history
 from watermark_core.protocol import MARKER_PROPERTY
@@ -283,12 +284,12 @@ def test_close_after_the_client_closed_still_stops_the_consumers_threads(
     """
     client = pulsar_settings.client()
     consumer = WatermarkConsumer(client, topic, "closing", listener=Recorder())  # a name no other test's threads have
-    threads = {t.name for t in threading.enumerate()} & {"wm-listener-closing", "wm-feed-closing"}
-    assert threads == {"wm-listener-closing", "wm-feed-closing"}
+    ours = {"wm-listener-closing", f"wm-companion-{watermark_topic_for(topic)}"}
+    assert ours <= {t.name for t in threading.enumerate()}
     client.close()
     with contextlib.suppress(pulsar.PulsarException):
         consumer.close()
-    left = [t for t in threading.enumerate() if t.name in threads and t.is_alive()]
+    left = [t for t in threading.enumerate() if t.name in ours and t.is_alive()]
     frames = sys._current_frames()  # where a thread that outlived close waits: what to fix
     assert left == [], "".join(
         f"{t.name}:\n{''.join(traceback.format_stack(frames[t.ident]))}" for t in left if t.ident in frames

@@ -220,11 +220,13 @@ class FakeClient:
         self.on_subscribe: Callable[[], None] | None = None
         """Runs inside `subscribe`, before it returns (what happens meanwhile on other threads)."""
         self._seq = 0
+        self.readers_created = 0
 
     def get_topic_partitions(self, topic: str) -> list[str]:
         return list(self.partitions)
 
     def create_reader(self, topic: str, start: Any, **options: Any) -> FakeReader:
+        self.readers_created += 1
         return self.reader
 
     def subscribe(self, topic: str, subscription: str, **options: Any) -> FakeConsumer:

@@ -18,6 +18,7 @@ from consumer.lateness import Lateness
 from consumer.listener import WatermarkListener
 from consumer.watermark_consumer import WatermarkConsumer
 from consumer.watermark_feed import WatermarkFeed
+from pulsar_access.topics import watermark_topic_for
 from tests.unit.fake_pulsar import (
     SUBSCRIPTION,
     TOPIC,
@@ -338,12 +339,10 @@ def test_closing_stops_the_listeners_thread_and_the_feeds(
 ) -> None:
     listener = Recorder()
     consumer = WatermarkConsumer(client, TOPIC, SUBSCRIPTION, listener, admin_url=UNREACHABLE_ADMIN)
-    names = {thread.name for thread in threading.enumerate()}
-    assert f"wm-listener-{SUBSCRIPTION}" in names and f"wm-feed-{SUBSCRIPTION}" in names
+    ours = {f"wm-listener-{SUBSCRIPTION}", f"wm-companion-{watermark_topic_for(TOPIC)}"}
+    assert ours <= {thread.name for thread in threading.enumerate()}
     consumer.close()
-    assert eventually(lambda: not {f"wm-listener-{SUBSCRIPTION}", f"wm-feed-{SUBSCRIPTION}"} & {
-        thread.name for thread in threading.enumerate()
-    })  # fmt: skip
+    assert eventually(lambda: not ours & {thread.name for thread in threading.enumerate()})
     assert client.reader.closed and client.binding.closed
 
 
@@ -582,6 +581,39 @@ def test_the_companion_reader_of_one_subscription_hands_on_only_its_events(clien
     reader.catch_up()
     reader.close()
     assert tables == [[ours]]
+
+
+def test_feeds_of_one_client_share_the_companion_topics_reader_and_one_that_comes_later_starts_from_the_latest(
+    client: FakeClient,
+) -> None:
+    """Issue 47: a companion topic carries a group's tables; a process with a consumer per topic reads it once."""
+    from pulsar_access.companion import CompanionReader
+    from pulsar_access.incarnations import Incarnations
+    from watermark_core.protocol import WatermarkEvent
+
+    first: list[list[WatermarkEvent]] = []
+    later: list[list[WatermarkEvent]] = []
+
+    def reader(tables: list[list[WatermarkEvent]], subscription: str) -> CompanionReader:
+        return CompanionReader(client, TOPIC, Incarnations(None), on_table=tables.append, on_head=lambda _: None,
+                               subscription=subscription, shared=True)  # fmt: skip
+
+    one = reader(first, SUBSCRIPTION)
+    client.publish_table(3, 100)
+    client.publish_table(4, 200)
+    one.catch_up()
+    one.start()
+    assert [t[0].event_time for t in first] == [100, 200]
+    two = reader(later, SUBSCRIPTION)
+    two.catch_up()  # from what the shared reader kept: the latest table of each key, not the history
+    assert [t[0].event_time for t in later] == [200] and client.readers_created == 1
+    two.start()
+    one.close()  # the other still reads
+    client.publish_table(5, 300)
+    assert eventually(lambda: [t[0].event_time for t in later] == [200, 300])
+    assert not client.reader.closed
+    two.close()
+    assert client.reader.closed and [t[0].event_time for t in first] == [100, 200]
 
 
 def test_the_consumer_has_the_clients_whole_api_and_no_getattr() -> None:
