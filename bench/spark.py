@@ -27,6 +27,7 @@ from watermark_core.protocol import (
     Watermark,
     decode_head,
     decode_table_with_heads,
+    key_topic,
 )
 
 BASE = 1_700_000_000_000
@@ -104,6 +105,8 @@ def window_close_latency(spark: Any, client: pulsar.Client, admin: PulsarAdmin) 
                 message = reader.read_next(timeout_millis=200)
             except pulsar.Timeout:
                 continue
+            if key_topic(message.partition_key()) != topic:
+                continue  # another topic of the companion topic's group
             kind = message.properties().get(EVENT_PROPERTY)
             riding = decode_table_with_heads(message.data())[1] if kind == SEND_WATERMARK else []
             if kind != HEAD_WATERMARK and not riding:

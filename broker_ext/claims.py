@@ -42,6 +42,7 @@ from typing import Any
 import _pulsar
 import pulsar
 
+from broker_ext.dispatch import BATCH_DELAY_MS
 from broker_ext.loop import EventLoop
 from broker_ext.ownership import CLAIM_PRODUCER_PREFIX
 from pulsar_access.admin import AdminError, PulsarAdmin
@@ -116,7 +117,7 @@ class Claim:
     asking: int = 0
     """The request in flight (a counter: an answer to an earlier one is stale), 0: none."""
     home: bool = False
-    """One of its topics is served by this instance's own broker (of several): it keeps them whatever the rank."""
+    """Its topics are served by this instance's own broker (of several): it keeps them whatever the rank."""
     held_since: float = 0.0
 
 
@@ -237,8 +238,8 @@ class Claims:
         if claim is None:
             claim = self._claims[companion] = Claim(companion)
         self._of_topic[base_topic] = claim
+        claim.home = home if fresh else claim.home and home  # kept whatever the rank only if all are served here
         claim.topics.add(base_topic)
-        claim.home = claim.home or home
         if fresh:
             self._schedule(claim, home)
         elif claim.producer is not None:
@@ -301,7 +302,8 @@ class Claims:
         self._requests += 1
         claim.asking = attempt = self._requests
         conf = _pulsar.ProducerConfiguration()
-        conf.batching_enabled(False)
+        conf.batching_enabled(True)  # a group's tables sent together go as one entry
+        conf.batching_max_publish_delay_ms(BATCH_DELAY_MS)
         conf.producer_name(f"{CLAIM_PRODUCER_PREFIX}{self._instance_id}-{attempt}")
         conf.access_mode(pulsar.ProducerAccessMode.WaitForExclusive)
         post = self._loop.post

@@ -50,11 +50,19 @@ COMPACT_EVERY_S = 600.0
 attaches reads at most that much history, and the broker (which rewrites the topic each time) is not made to
 compact thousands of topics every minute."""
 RETRY_S = 1.0
+BATCH_DELAY_MS = 5
+"""A companion topic's producer batches what is sent within this long: the tables of a group's topics, sent together
+when their markers are acknowledged together (a burst), go to the broker as one entry (issue 47)."""
+COMPACT_EVERY_EVENTS_CAP = 20_000
+"""A companion topic shared by N followed topics is compacted after N * `COMPACT_EVERY_EVENTS` events, at most this
+many."""
 
 
-def compaction_due(events_since: int, compacted_at: float, now: float, first_of_run: bool) -> bool:
-    """Whether to compact a companion topic after its latest event (monotonic seconds)."""
-    return first_of_run or events_since >= COMPACT_EVERY_EVENTS or now - compacted_at >= COMPACT_EVERY_S
+def compaction_due(events_since: int, compacted_at: float, now: float, first_of_run: bool, topics: int = 1) -> bool:
+    """Whether to compact a companion topic that `topics` followed topics share, after its latest event (monotonic
+    seconds): each topic's history read by one that attaches stays about as long as with a companion of its own."""
+    every = min(COMPACT_EVERY_EVENTS * max(topics, 1), max(COMPACT_EVERY_EVENTS_CAP, COMPACT_EVERY_EVENTS))
+    return first_of_run or events_since >= every or now - compacted_at >= COMPACT_EVERY_S
 
 
 PartitionKey = tuple[str, int]
@@ -307,8 +315,9 @@ class WatermarkDispatcher:
         try:
             self.ensure_namespace()
             producer = self._client.create_producer(
-                companion.topic, producer_name=producer_name, batching_enabled=False
-            )
+                companion.topic, producer_name=producer_name, batching_enabled=True,
+                batching_max_publish_delay_ms=BATCH_DELAY_MS,
+            )  # fmt: skip
         except Exception as exc:
             failure = exc
             self._post(lambda: self._ready(companion, None, failure))
@@ -448,7 +457,8 @@ class WatermarkDispatcher:
     def _maybe_compact(self, companion: Companion) -> None:
         companion.since_compaction += 1
         now = time.monotonic()
-        due = compaction_due(companion.since_compaction, companion.compacted_at, now, not self._compaction_tried)
+        due = compaction_due(companion.since_compaction, companion.compacted_at, now, not self._compaction_tried,
+                             len(companion.followed))  # fmt: skip
         if not due or self._compaction_refused:
             return
         companion.since_compaction, companion.compacted_at = 0, now

@@ -5,11 +5,13 @@ partitions of a partitioned topic "x" are the topics "x-partition-0", "x-partiti
 
 The generator publishes a topic's watermarks on its companion topic (`watermark_topic_for`), in a
 namespace of their own where only the generator's role may produce (docs/SECURITY.md): no
-application that may write the data topics can write what consumers read as watermarks.
+application that may write the data topics can write what consumers read as watermarks. A companion
+topic carries the watermarks of a group of topics of one namespace (`COMPANION_GROUPS` per namespace).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -23,6 +25,11 @@ LEGACY_WATERMARK_SUFFIX = "__watermarks"
 """Companion topics used to be `<topic>__watermarks` beside the data topic: never followed, never read."""
 COMPANION_SEPARATOR = "~"
 """Joins tenant, namespace and topic in a companion's name; Pulsar allows it in no tenant or namespace name."""
+COMPANION_GROUPS = 16
+"""How many companion topics the topics of one namespace share, each topic by a fixed hash of its name (issue 47):
+the generator sends, and the broker writes and dispatches, one batched entry for a group's tables instead of one
+per topic, and a client reads each group once. Every generator and reader must agree on it: part of the
+protocol (docs/PROTOCOL.md section 7)."""
 TOPIC_FORMS = "'name', 'tenant/namespace/name' or 'persistent://tenant/namespace/name'"
 
 _PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
@@ -118,19 +125,28 @@ def watermark_namespace(namespace: str | None = None) -> str:
 
 
 def watermark_topic_for(topic: str, namespace: str | None = None) -> str:
-    """The companion topic where the generator publishes a topic's watermarks (one for all partitions).
+    """The companion topic where the generator publishes a topic's watermarks (with every partition's, and those
+    of the other topics of its group).
 
     It lives in the watermark namespace (`watermark_namespace(namespace)`), where only the generator
-    may produce, and its name encodes the data topic's tenant, namespace and name, joined by '~':
-    `persistent://public/default/my-topic` has `persistent://public/__watermarks/public~default~my-topic`.
-    Pulsar allows no '~' in tenant or namespace names, so two data topics never share a companion
-    (a non-persistent topic's name starts with '~non-persistent~', which no tenant can).
+    may produce, and its name encodes the data topic's tenant, namespace and group, joined by '~':
+    `persistent://public/default/my-topic` has `persistent://public/__watermarks/public~default~group-<g>`, `g`
+    (0 to `COMPANION_GROUPS` - 1) from a hash of the topic's full base name (`companion_group`). Pulsar allows no
+    '~' in tenant or namespace names, so topics of two namespaces never share a companion (a non-persistent
+    topic's name starts with '~non-persistent~', which no tenant can).
     """
     name = TopicName.parse(base_topic_and_partition(topic)[0])
-    local = COMPANION_SEPARATOR.join((name.tenant, name.namespace, name.local))
+    group = f"group-{companion_group(name.full)}"
+    local = COMPANION_SEPARATOR.join((name.tenant, name.namespace, group))
     if name.domain != "persistent":
         local = COMPANION_SEPARATOR.join(("", name.domain, local))
     return f"persistent://{watermark_namespace(namespace)}/{local}"
+
+
+def companion_group(base_topic: str) -> int:
+    """The group of a (full, base) topic: the same in every process and version of Python (not `hash`)."""
+    digest = hashlib.blake2b(base_topic.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % COMPANION_GROUPS
 
 
 def is_watermark_topic(topic: str, namespace: str | None = None) -> bool:

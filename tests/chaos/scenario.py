@@ -27,7 +27,7 @@ from consumer import Watermark, WatermarkConsumer, WatermarkListener
 from devtools.broker_cluster import MultiBrokerCluster
 from producer import WatermarkProducer
 from pulsar_access.admin import AdminError, PulsarAdmin
-from pulsar_access.readers import NotAnswered, has_message_available
+from pulsar_access.readers import NotAnswered
 from pulsar_access.settings import PulsarSettings
 from pulsar_access.topics import namespace_of
 from tests.chaos.checker import (
@@ -43,7 +43,7 @@ from tests.chaos.crashes import forgive_lost_acknowledgements
 from tests.chaos.oracle import judge_scenario
 from tests.chaos.plan import Fault, FaultKind, ProducerPlan, ScenarioPlan
 from tests.integration.generator_process import GeneratorProcess
-from tests.integration.helpers import watermark_table_reader
+from tests.integration.helpers import TopicEvents, watermark_table_reader
 from tests.loopback_proxy import GeneratorLink
 from tests.oracle import OracleReport
 from watermark_core.protocol import EVENT_PROPERTY, SEND_WATERMARK, decode_table
@@ -863,9 +863,9 @@ def run_scenario(cluster: Cluster, plan: ScenarioPlan, namespace: str) -> Scenar
     return Scenario(cluster, plan, namespace).run()
 
 
-def _more_or_unanswered(reader: pulsar.Reader) -> bool:
+def _more_or_unanswered(reader: TopicEvents) -> bool:
     """Whether the reader may have more: a question the broker did not answer counts as "maybe"."""
     try:
-        return has_message_available(reader)
+        return reader.has_message_available()
     except NotAnswered:
         return True

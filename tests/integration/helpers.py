@@ -13,8 +13,9 @@ import pulsar
 from consumer import Watermark, WatermarkConsumer, WatermarkListener
 from producer import WatermarkProducer
 from pulsar_access.admin import AdminError, PulsarAdmin
-from pulsar_access.topics import watermark_topic_for
-from watermark_core.protocol import EVENT_PROPERTY, MARKER_PROPERTY, SEND_WATERMARK, decode_table
+from pulsar_access.readers import has_message_available
+from pulsar_access.topics import base_topic_and_partition, watermark_topic_for
+from watermark_core.protocol import EVENT_PROPERTY, MARKER_PROPERTY, SEND_WATERMARK, decode_table, key_topic
 
 MALFORMED: list[tuple[dict[str, str], bytes, str]] = [
     ({MARKER_PROPERTY: "W_SET"}, b"\xc1not msgpack", "bad-msgpack"),
@@ -149,7 +150,7 @@ def watermarks(recorder: Recorder) -> list[int]:
 
 
 def recomputed_watermark(
-    reader: pulsar.Reader, subscription: str, at_or_before: tuple[int, int], after_us: int, within_s: float
+    reader: TopicEvents, subscription: str, at_or_before: tuple[int, int], after_us: int, within_s: float
 ) -> int | None:
     """The first watermark of `subscription` published after `after_us` (the generator's clock, in
     microseconds) at a position at or before `at_or_before`, read from a reader of the companion
@@ -168,9 +169,48 @@ def recomputed_watermark(
     return None
 
 
-def watermark_table_reader(client: pulsar.Client, topic: str) -> pulsar.Reader:
-    """A reader of `topic`'s companion watermark topic from its start."""
-    return client.create_reader(watermark_topic_for(topic), pulsar.MessageId.earliest)
+class TopicEvents:
+    """A reader of a companion topic that hands out only the events whose key names one topic (the companion
+    carries its group's): `read_next`, `has_message_available` and `close`, as a `pulsar.Reader`'s."""
+
+    def __init__(self, reader: pulsar.Reader, topic: str) -> None:
+        self._whole = reader
+        self.topic = base_topic_and_partition(topic)[0]
+        self._ahead: pulsar.Message | None = None
+        """One of ours read by `has_message_available`, for the next `read_next`."""
+
+    def _ours(self, message: pulsar.Message) -> bool:
+        return key_topic(message.partition_key()) == self.topic
+
+    def read_next(self, timeout_millis: int | None = None) -> pulsar.Message:
+        if self._ahead is not None:
+            message, self._ahead = self._ahead, None
+            return message
+        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
+        while True:
+            left = None if deadline is None else max(1, int((deadline - time.monotonic()) * 1000))
+            message = self._whole.read_next(timeout_millis=left)
+            if self._ours(message):
+                return message
+            if deadline is not None and time.monotonic() >= deadline:
+                raise pulsar.Timeout("no event of the topic within the timeout")
+
+    def has_message_available(self) -> bool:
+        """Whether one of ours is there (the others before it are read and passed over); raises as
+        `pulsar_access.readers.has_message_available` when the broker does not answer."""
+        while self._ahead is None and has_message_available(self._whole):
+            message = self._whole.read_next(timeout_millis=10_000)
+            if self._ours(message):
+                self._ahead = message
+        return self._ahead is not None
+
+    def close(self) -> None:
+        self._whole.close()
+
+
+def watermark_table_reader(client: pulsar.Client, topic: str) -> TopicEvents:
+    """A reader of `topic`'s events on its companion watermark topic, from its start."""
+    return TopicEvents(client.create_reader(watermark_topic_for(topic), pulsar.MessageId.earliest), topic)
 
 
 HOUR_MS = 3_600_000

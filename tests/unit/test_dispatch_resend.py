@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from broker_ext.dispatch import (
     COMPACT_EVERY_EVENTS,
+    COMPACT_EVERY_EVENTS_CAP,
     COMPACT_EVERY_S,
     HEAD_WAIT_S,
     HeadPairing,
@@ -80,6 +81,14 @@ def test_a_companion_topic_is_compacted_every_thousand_events_or_ten_minutes_not
     assert not compaction_due(COMPACT_EVERY_EVENTS - 1, created, created + COMPACT_EVERY_S - 1, first_of_run=False)
     assert compaction_due(COMPACT_EVERY_EVENTS, created, created + 1, first_of_run=False)
     assert compaction_due(1, created, created + COMPACT_EVERY_S, first_of_run=False)
+
+
+def test_a_companion_shared_by_a_group_is_compacted_after_as_many_events_per_topic_within_a_cap() -> None:
+    created = 100.0
+    assert not compaction_due(COMPACT_EVERY_EVENTS, created, created + 1, first_of_run=False, topics=3)
+    assert compaction_due(3 * COMPACT_EVERY_EVENTS, created, created + 1, first_of_run=False, topics=3)
+    assert compaction_due(COMPACT_EVERY_EVENTS_CAP, created, created + 1, first_of_run=False, topics=5000)
+    assert compaction_due(1, created, created + COMPACT_EVERY_S, first_of_run=False, topics=5000)
 
 
 # -- a head event rides on its partition's next table when one comes soon ----------------------------------------

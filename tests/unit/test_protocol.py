@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import msgpack
@@ -9,7 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pulsar_access.topics import base_topic_and_partition, is_watermark_topic, watermark_topic_for
+from pulsar_access.topics import (
+    COMPANION_GROUPS,
+    base_topic_and_partition,
+    companion_group,
+    is_watermark_topic,
+    watermark_topic_for,
+)
 from watermark_core.protocol import (
     EVENT_PROPERTY,
     HEAD_WATERMARK,
@@ -223,29 +230,41 @@ def test_entry_end_is_after_every_message_of_the_entry_and_before_the_next() -> 
 WM = "persistent://public/__watermarks"
 
 
+def _group(topic: str) -> int:
+    return companion_group(base_topic_and_partition(topic)[0])
+
+
 @pytest.mark.parametrize(
     ("topic", "companion"),
     [
-        ("my-topic", f"{WM}/public~default~my-topic"),
-        ("my-topic-partition-0", f"{WM}/public~default~my-topic"),
-        ("t/n/x", f"{WM}/t~n~x"),
-        ("persistent://t/n/x-partition-3", f"{WM}/t~n~x"),
-        ("persistent://t/n/x-partition-x", f"{WM}/t~n~x-partition-x"),
-        ("persistent://t.a/n.b/x~y.z", f"{WM}/t.a~n.b~x~y.z"),
-        ("non-persistent://t/n/x", f"{WM}/~non-persistent~t~n~x"),
+        ("my-topic", f"{WM}/public~default~group-{_group('my-topic')}"),
+        ("my-topic-partition-0", f"{WM}/public~default~group-{_group('my-topic')}"),
+        ("t/n/x", f"{WM}/t~n~group-{_group('t/n/x')}"),
+        ("persistent://t/n/x-partition-3", f"{WM}/t~n~group-{_group('t/n/x')}"),
+        ("persistent://t/n/x-partition-x", f"{WM}/t~n~group-{_group('t/n/x-partition-x')}"),
+        ("persistent://t.a/n.b/x~y.z", f"{WM}/t.a~n.b~group-{_group('t.a/n.b/x~y.z')}"),
+        ("non-persistent://t/n/x", f"{WM}/~non-persistent~t~n~group-{_group('non-persistent://t/n/x')}"),
     ],
 )
-def test_the_companion_topic_is_in_the_watermark_namespace_and_names_tenant_namespace_and_topic(
+def test_the_companion_topic_is_in_the_watermark_namespace_and_names_tenant_namespace_and_group(
     topic: str, companion: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("WM_WATERMARK_NAMESPACE", raising=False)
     assert watermark_topic_for(topic) == companion
 
 
+def test_a_topics_group_is_a_fixed_hash_of_its_name_spread_over_the_groups() -> None:
+    """Every process, whatever its Python, derives the same group (not `hash`, which is salted per process)."""
+    assert companion_group("persistent://public/default/my-topic") == 1  # pinned: a change is a protocol change
+    groups = Counter(companion_group(f"persistent://public/default/t-{i}") for i in range(1600))
+    assert set(groups) == set(range(COMPANION_GROUPS)) and max(groups.values()) < 2 * 1600 / COMPANION_GROUPS
+
+
 def test_the_watermark_namespace_comes_from_the_argument_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WM_WATERMARK_NAMESPACE", "wm-system/tables")
-    assert watermark_topic_for("x") == "persistent://wm-system/tables/public~default~x"
-    assert watermark_topic_for("x", "other/ns") == "persistent://other/ns/public~default~x"
+    group = _group("x")
+    assert watermark_topic_for("x") == f"persistent://wm-system/tables/public~default~group-{group}"
+    assert watermark_topic_for("x", "other/ns") == f"persistent://other/ns/public~default~group-{group}"
     for bad in ("public", "a/b/c", "a/b~c", "a/"):
         monkeypatch.setenv("WM_WATERMARK_NAMESPACE", bad)
         with pytest.raises(ValueError, match=r"WM_WATERMARK_NAMESPACE .* must be 'tenant/namespace'"):
@@ -259,10 +278,11 @@ _LOCAL = st.from_regex(r"[-=:.a-z0-9_~]{1,8}", fullmatch=True).filter(lambda s: 
 
 @settings(deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["persistent", "non-persistent"]), _ENTITY, _ENTITY, _LOCAL), max_size=8))
-def test_two_data_topics_never_share_a_companion(names: list[tuple[str, str, str, str]]) -> None:
-    topics = {f"{d}://{t}/{n}/{x}" for d, t, n, x in names}
-    companions = {watermark_topic_for(topic, "public/__watermarks") for topic in topics}
-    assert len(companions) == len(topics)
+def test_topics_of_two_namespaces_never_share_a_companion(names: list[tuple[str, str, str, str]]) -> None:
+    by_companion: dict[str, set[tuple[str, str, str]]] = {}
+    for d, t, n, x in names:
+        by_companion.setdefault(watermark_topic_for(f"{d}://{t}/{n}/{x}", "public/__watermarks"), set()).add((d, t, n))
+    assert all(len(namespaces) == 1 for namespaces in by_companion.values())
 
 
 @pytest.mark.parametrize("topic", ["", "a/b", "a/b/c/d", "t//x"])
