@@ -166,6 +166,9 @@ class _CompanionThread:
     """Shared: the latest message read per key, in the order read (what one that joins later starts from)."""
     reading: threading.Lock = field(default_factory=threading.Lock)
     """Held by whoever reads the reader: the thread, or a `catch_up` on its caller's thread."""
+    delivering: threading.Lock = field(default_factory=threading.Lock)
+    """Held by the thread while it hands the readers what it read: a reader that leaves takes it once, so that
+    nothing reaches it after `close` returns."""
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
     next_check: float = 0.0
@@ -215,6 +218,8 @@ class _CompanionThread:
                 del self._registry[(id(self.client), self.companion)]
         if last:
             self._close()
+        elif threading.current_thread() is not self.thread and self.delivering.acquire(timeout=5):
+            self.delivering.release()  # a turn that began before it left is over: nothing more reaches it
 
     def take_inbox(self, reader: CompanionReader) -> list[pulsar.Message]:
         with self.lock:
@@ -274,7 +279,11 @@ class _CompanionThread:
 
     def _turn(self) -> None:
         """Hand the started readers what was read for them; each one's `each_turn`; tell whoever waits for it
-        that everything published is read, when it is."""
+        that everything published is read, when it is. Under `delivering`: one that leaves waits for it."""
+        with self.delivering:
+            self._deliver()
+
+    def _deliver(self) -> None:
         started = self._started()
         for reader in started:
             for message in self.take_inbox(reader):
