@@ -75,3 +75,24 @@ def test_a_claimed_partition_a_plugin_follows_waits_for_its_findings_instead_of_
         assert partition.subscribing
     finally:
         service.close()
+
+
+def test_a_gone_topic_leaves_its_groups_companion_to_the_topics_still_followed(service: GeneratorService) -> None:
+    """Issue 47: a companion topic carries a group's tables; a topic of the group that is gone takes nothing of the
+    others' with it (what waits to be sent again, heads waiting for a table), and the last one lets it go."""
+    from pulsar_access.topics import companion_group, watermark_topic_for
+    from watermark_core.protocol import HeadWatermark
+
+    names = (f"persistent://acme/orders/t-{i}" for i in range(1000))
+    first = next(names)
+    second = next(t for t in names if companion_group(t) == companion_group(first))
+    companion = watermark_topic_for(first)
+    dispatcher = service.dispatcher
+    for topic in (first, second):
+        dispatcher.publish_head(HeadWatermark(topic, -1, (1, 1), 100))  # waits for a table to ride on
+    held = dispatcher._companions[companion]
+    assert set(held.followed) == {first, second} and set(held.heads.waiting) == {(first, -1), (second, -1)}
+    dispatcher.forget(first)
+    assert dispatcher._companions[companion] is held and set(held.heads.waiting) == {(second, -1)}
+    dispatcher.forget(second)
+    assert companion not in dispatcher._companions
