@@ -290,12 +290,14 @@ class _CompanionThread:
                 reader.handle(message)
             if reader.each_turn is not None:
                 reader.each_turn()
+        asked = time.monotonic()
+        if asked < self.next_check:
+            return  # before asking the readers: `wants_caught_up` takes the feed's lock, which the pull path holds
         waiting = [
             reader for reader in started
             if reader.on_caught_up is not None and (reader.wants_caught_up is None or reader.wants_caught_up())
         ]  # fmt: skip
-        asked = time.monotonic()
-        if not waiting or asked < self.next_check:
+        if not waiting:
             return
         self.next_check = asked + CAUGHT_UP_CHECK_S
         try:
