@@ -30,7 +30,7 @@ from broker_ext.engine.vocabulary import PublishTable
 from broker_ext.loop import EventLoop
 from broker_ext.metrics import GeneratorMetrics
 from pulsar_access.admin import AdminError, PulsarAdmin
-from pulsar_access.topics import watermark_namespace, watermark_topic_for
+from pulsar_access.topics import base_topic_and_partition, watermark_namespace, watermark_topic_for
 from watermark_core.protocol import (
     EVENT_PROPERTY,
     HEAD_WATERMARK,
@@ -255,7 +255,7 @@ class WatermarkDispatcher:
         companion = self._of_topic.get(topic)  # naming the companion parses the topic: once per topic
         if companion is None or self._companions.get(companion.topic) is not companion:
             companion = self._of_topic[topic] = self._named(watermark_topic_for(topic, self._namespace))
-            companion.followed.setdefault(topic.split("-partition-")[0], set()).add(topic)
+            companion.followed.setdefault(base_topic_and_partition(topic)[0], set()).add(topic)
         return companion
 
     def _named(self, name: str) -> Companion:

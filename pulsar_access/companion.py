@@ -158,7 +158,7 @@ class _CompanionThread:
     companion: str
     shared: bool
     thread_name: str
-    reader: pulsar.Reader | None = None
+    reader: pulsar.Reader
     lock: threading.Lock = field(default_factory=threading.Lock)
     readers: dict[str, list[CompanionReader]] = field(default_factory=dict)
     """The joined readers, by topic (under `lock`)."""
@@ -185,9 +185,10 @@ class _CompanionThread:
         with cls._registry_lock:
             reading = cls._registry.get(key) if shared else None
             if reading is None:
-                reading = cls(client, companion, shared, f"wm-companion-{companion}" if shared else thread_name)
                 with explained(service_url=service_url_of(client), topic=companion, doing="read the watermarks from"):
-                    reading.reader = client.create_reader(companion, pulsar.MessageId.earliest, is_read_compacted=True)
+                    reader = client.create_reader(companion, pulsar.MessageId.earliest, is_read_compacted=True)
+                name = f"wm-companion-{companion}" if shared else thread_name
+                reading = cls(client, companion, shared, name, reader)
                 if shared:
                     cls._registry[key] = reading
             with reading.lock:
@@ -231,7 +232,7 @@ class _CompanionThread:
             self._turn()
             with self.reading:
                 try:
-                    self._take(self._reader().read_next(timeout_millis=READ_WAIT_MS))
+                    self._take(self.reader.read_next(timeout_millis=READ_WAIT_MS))
                 except pulsar.Timeout:
                     continue
                 except pulsar.AlreadyClosed:
@@ -246,18 +247,14 @@ class _CompanionThread:
             if failed:
                 self.stop.wait(1)
 
-    def _reader(self) -> pulsar.Reader:
-        assert self.reader is not None
-        return self.reader
-
     def read_what_is_there(self) -> None:
         """On the caller's thread (the reading thread waits meanwhile, at most `READ_WAIT_MS` for the caller): read
         what is published now, for at most `CATCH_UP_LIMIT_S`."""
         deadline = time.monotonic() + CATCH_UP_LIMIT_S
         with self.reading:
             try:
-                while time.monotonic() < deadline and has_message_available(self._reader()):
-                    self._take(self._reader().read_next(timeout_millis=1000))
+                while time.monotonic() < deadline and has_message_available(self.reader):
+                    self._take(self.reader.read_next(timeout_millis=1000))
             except pulsar.PulsarException:  # a timeout, or no answer: the reading thread goes on from here
                 log.debug("catching up with the watermarks on %s stopped early", self.companion, exc_info=True)
 
@@ -302,7 +299,7 @@ class _CompanionThread:
         self.next_check = asked + CAUGHT_UP_CHECK_S
         try:
             with self.reading:  # not while a `catch_up` holds a message it read and has not taken yet
-                available = has_message_available(self._reader())
+                available = has_message_available(self.reader)
         except Exception:  # no answer (reconnecting): not caught up; ask again next turn
             log.debug("asking the reader of %s for more failed", self.companion, exc_info=True)
             return
@@ -319,6 +316,6 @@ class _CompanionThread:
         if thread is not None:
             thread.join(timeout=2 * READ_WAIT_MS / 1000)  # it sees the stop within one read, normally
         with contextlib.suppress(pulsar.PulsarException):
-            self._reader().close()  # wakes a read that outlasts its timeout (a loaded machine, a closed client)
+            self.reader.close()  # wakes a read that outlasts its timeout (a loaded machine, a closed client)
         if thread is not None:
             thread.join(timeout=5)
