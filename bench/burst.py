@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -47,6 +48,8 @@ from pulsar_access.settings import PulsarSettings
 BURST_TOPICS = 200
 BURST_WARMUP_S = 8.0
 BURST_MEASURE_S = 20.0
+BURST_ROUNDS = 3
+"""With the plugin: rounds of the three windows, alternating (`burst`)."""
 SLOW_TOPICS = 1000
 SLOW_PERIOD_S = 10.0
 SLOW_ACK_DELAY_S = 10.0
@@ -175,7 +178,11 @@ def suffixed(figures: dict[str, float | int | str], cursor_source: str) -> dict[
 
 def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, log_dir: Path,
           topics: int = BURST_TOPICS, cursor_source: str = "auto") -> dict[str, float | int | str]:  # fmt: skip
-    """Broker CPU without and with a generator, generator CPU and latency, W_SETs sent together each second."""
+    """Broker CPU without and with a generator, generator CPU and latency, W_SETs sent together each second.
+
+    With the plugin, `BURST_ROUNDS` rounds alternate the three windows (no generator, the generator, the plain
+    client) and each figure is the median of the rounds' (a ratio is taken within its round): one window's broker
+    figure swings by half on this shared machine, and the broker warms from round to round."""
     broker = broker_pid(settings)
     namespace = new_namespace(admin)
     record = Latencies()
@@ -198,29 +205,38 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
     ticker.start()
     gen: Generator | None = None
     jit_waits: list[float] = []
+    rounds: list[_Round] = []
+    windows: list[float] = []  # when each window with the generator opened
+    calls: dict[str, float] = {}
     try:
         time.sleep(BURST_WARMUP_S)
-        jit_waits.append(wait_for_quiet_jit(broker))
-        cpu, wsets = broker_cpu_seconds(broker), sent[0]
-        time.sleep(BURST_MEASURE_S)
-        without = (broker_cpu_seconds(broker) - cpu) / BURST_MEASURE_S
-        wsets_without = sent[0] - wsets
-        say(f"  without a generator: broker {without:.3f} of a core over {wsets_without} W_SETs")
-        gen = Generator(settings, namespace, log_dir, generator_env(cursor_source))
-        gen.wait_published(topics, within_s=300)
-        time.sleep(BURST_WARMUP_S)
-        jit_waits.append(wait_for_quiet_jit(broker))
-        calls_before = _calls(gen)  # scraping the generator's /metrics costs it CPU: before the window starts
-        cpu, gen_cpu, wsets = broker_cpu_seconds(broker), gen.cpu_seconds(), sent[0]
-        measured_from = time.perf_counter()
-        time.sleep(BURST_MEASURE_S)
-        with_gen = (broker_cpu_seconds(broker) - cpu) / BURST_MEASURE_S
-        gen_share = (gen.cpu_seconds() - gen_cpu) / BURST_MEASURE_S
-        wsets_with = sent[0] - wsets
-        calls = {call: count - calls_before[call] for call, count in _calls(gen).items() if count > calls_before[call]}
-        gen.kill()
-        floor = (_plain_floor(settings, client, broker, namespace, topics, sent, jit_waits) if cursor_source == "auto"
-                 else None)  # fmt: skip
+        for number in range(1, (BURST_ROUNDS if cursor_source == "auto" else 1) + 1):
+            jit_waits.append(wait_for_quiet_jit(broker))
+            cpu, wsets = broker_cpu_seconds(broker), sent[0]
+            time.sleep(BURST_MEASURE_S)
+            without = (broker_cpu_seconds(broker) - cpu) / BURST_MEASURE_S
+            say(f"  round {number}, without a generator: broker {without:.3f} of a core over {sent[0] - wsets} W_SETs")
+            gen = Generator(settings, namespace, log_dir, generator_env(cursor_source))
+            gen.wait_published(topics, within_s=300)
+            time.sleep(BURST_WARMUP_S)
+            jit_waits.append(wait_for_quiet_jit(broker))
+            calls_before = _calls(gen)  # scraping the generator's /metrics costs it CPU: before the window starts
+            cpu, gen_cpu, wsets = broker_cpu_seconds(broker), gen.cpu_seconds(), sent[0]
+            windows.append(time.perf_counter())
+            time.sleep(BURST_MEASURE_S)
+            with_gen = (broker_cpu_seconds(broker) - cpu) / BURST_MEASURE_S
+            gen_share = (gen.cpu_seconds() - gen_cpu) / BURST_MEASURE_S
+            wsets_with = sent[0] - wsets
+            for call, count in _calls(gen).items():
+                if count > calls_before[call]:
+                    calls[call] = calls.get(call, 0) + count - calls_before[call]
+            gen.kill()
+            gen = None
+            say(f"  round {number}, with it: broker {with_gen:.3f}, generator {gen_share:.3f} of a core over "
+                f"{wsets_with} W_SETs")  # fmt: skip
+            floor = (_plain_floor(settings, client, broker, namespace, topics, sent, jit_waits)
+                     if cursor_source == "auto" else None)  # fmt: skip
+            rounds.append(_Round(without, with_gen, gen_share, wsets_with / BURST_MEASURE_S, floor))
         stop.set()
         ticker.join()
         time.sleep(2)
@@ -230,23 +246,23 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
         if gen is not None:
             gen.kill()
         acking.close()
-    rate = wsets_with / BURST_MEASURE_S
-    say(
-        f"  with it: broker {with_gen:.3f}, generator {gen_share:.3f} of a core over {wsets_with} W_SETs; admin calls "
-        f"meanwhile {calls}"
-    )
+    wsets_measured = sum(r.rate for r in rounds) * BURST_MEASURE_S
+    say(f"  admin calls while measuring: {calls}")
     with record.lock:  # only the W_SETs acknowledged while measuring
         record.acked = {key: at for key, at in record.acked.items()
-                        if measured_from <= at <= measured_from + BURST_MEASURE_S}  # fmt: skip
-    p50, p99, samples = latency_quantiles(record, 0, measured_from + BURST_MEASURE_S + 2, range(topics))
+                        if any(opened <= at <= opened + BURST_MEASURE_S for opened in windows)}  # fmt: skip
+    p50, p99, samples = latency_quantiles(record, 0, windows[-1] + BURST_MEASURE_S + 2, range(topics))
+    median = statistics.median
+    gen_ms = [r.generator * 1000 / r.rate for r in rounds]
+    extra_ms = [(r.with_generator - r.without) * 1000 / r.rate for r in rounds]
     figures: dict[str, float | int | str] = {
-        "generator_cpu_ms_per_wset_burst": round(gen_share * 1000 / rate, 3),
-        "broker_extra_cpu_ms_per_wset_burst": round((with_gen - without) * 1000 / rate, 3),
+        "generator_cpu_ms_per_wset_burst": round(median(gen_ms), 3),
+        "broker_extra_cpu_ms_per_wset_burst": round(median(extra_ms), 3),
         "watermark_latency_burst_p50_ms": round(p50, 1),
         "watermark_latency_burst_p99_ms": round(p99, 1),
-        "broker_cpu_burst_without_generator": round(without, 4),
-        "broker_cpu_burst_with_generator": round(with_gen, 4),
-        "generator_admin_calls_per_wset_burst": round(sum(calls.values()) / wsets_with, 3),
+        "broker_cpu_burst_without_generator": round(median(r.without for r in rounds), 4),
+        "broker_cpu_burst_with_generator": round(median(r.with_generator for r in rounds), 4),
+        "generator_admin_calls_per_wset_burst": round(sum(calls.values()) / wsets_measured, 3),
         "broker_cpu_ms_per_internal_stats_call": round(per_call["internalStats"], 3),
         "broker_cpu_ms_per_stats_call": round(per_call["stats"], 3),
         "broker_cpu_ms_per_internal_stats_call_how": "after the burst run, generator and W_SETs stopped: "
@@ -256,38 +272,59 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
         "generator_cpu_ms_per_wset_burst_how": f"{topics} non-partitioned topics, one subscription each acknowledging "
         f"every message at once; one W_SET per topic sent together at the start of each second; generator process "
         f"CPU over {BURST_MEASURE_S:.0f} s (after {BURST_WARMUP_S:.0f} s of warm-up past its take-over) over the "
-        f"W_SETs sent meanwhile; each window opened once the broker's JIT compilers had used less than "
-        f"{JIT_QUIET_SHARE} of a core over {JIT_QUIET_S:.0f} s (bench/common.py wait_for_quiet_jit; waited "
-        f"{', '.join(f'{w:.0f}' for w in jit_waits)} s for the windows without a generator, with it, and the plain "
-        f"client's)",
+        f"W_SETs sent meanwhile; the median of {len(rounds)} rounds ({_listed(gen_ms)} ms), each with a generator "
+        f"started anew (it restores from its snapshots); each window opened once the broker's JIT compilers had used "
+        f"less than {JIT_QUIET_SHARE} of a core over {JIT_QUIET_S:.0f} s (bench/common.py wait_for_quiet_jit; waited "
+        f"{', '.join(f'{w:.0f}' for w in jit_waits)} s, in the order the windows came)",
         "broker_extra_cpu_ms_per_wset_burst_how": f"the same run: the standalone broker's process CPU (less its JIT "
         f"compiler threads, bench/common.py broker_cpu_seconds) over "
-        f"{BURST_MEASURE_S:.0f} s with the generator minus over {BURST_MEASURE_S:.0f} s of the same load before the "
-        f"generator started (feeds and consumers attached in both), per W_SET",
+        f"{BURST_MEASURE_S:.0f} s with the generator minus over {BURST_MEASURE_S:.0f} s of the same load just before "
+        f"the generator started (feeds and consumers attached in both), per W_SET; the median of the rounds "
+        f"({_listed(extra_ms)} ms)",
         "watermark_latency_burst_p50_ms_how": f"the same run: from each consumer's acknowledge() of a W_SET to that "
-        f"value at its WatermarkFeed, W_SETs acknowledged while measuring; {samples} samples",
+        f"value at its WatermarkFeed, W_SETs acknowledged while measuring (every round); {samples} samples",
     }
-    if floor is not None:
-        floor_cpu, floor_broker, floor_wsets = floor
-        floor_rate = floor_wsets / BURST_MEASURE_S
-        plain_ms = floor_cpu * 1000 / floor_rate
-        floor_extra = (floor_broker - without) / floor_rate  # the broker's CPU seconds per W_SET beyond the load
+    floors = [(r, r.floor) for r in rounds if r.floor is not None]
+    if floors:
+        plain_ms = [cpu * 1000 / (wsets / BURST_MEASURE_S) for _, (cpu, _, wsets) in floors]
+        floor_extra = [(floor_broker - r.without) * 1000 / (wsets / BURST_MEASURE_S)
+                       for r, (_, floor_broker, wsets) in floors]  # fmt: skip
+        gen_ratio = [g / p for g, p in zip(gen_ms, plain_ms, strict=True)]
+        extra_ratio = [e / f for e, f in zip(extra_ms, floor_extra, strict=True)]
         figures |= {
-            "plain_client_cpu_ms_per_wset_burst": round(plain_ms, 3),
-            "broker_extra_cpu_ms_per_wset_burst_plain_client": round(floor_extra * 1000, 3),
-            "generator_over_plain_client_cpu_burst": round(gen_share * 1000 / rate / plain_ms, 2),
-            "broker_extra_over_plain_client_burst": round((with_gen - without) / rate / floor_extra, 2),
-            "plain_client_cpu_ms_per_wset_burst_how": f"the same run, after the generator was stopped, the same "
-            f"W_SETs: a process doing only the messaging a generator cannot avoid per W_SET (bench/plain_floor.py: a "
-            f"Failover subscription of its own on each topic with a message listener that acknowledges cumulatively "
+            "plain_client_cpu_ms_per_wset_burst": round(median(plain_ms), 3),
+            "broker_extra_cpu_ms_per_wset_burst_plain_client": round(median(floor_extra), 3),
+            "generator_over_plain_client_cpu_burst": round(median(gen_ratio), 2),
+            "broker_extra_over_plain_client_burst": round(median(extra_ratio), 2),
+            "plain_client_cpu_ms_per_wset_burst_how": f"the same run, each round after its generator was stopped, the "
+            f"same W_SETs: a process doing only the messaging a generator cannot avoid per W_SET "
+            f"(bench/plain_floor.py: a Failover subscription of its own on each topic with a message listener that "
+            f"acknowledges cumulatively "
             f"and sends one {len(TABLE)}-byte message with send_async, no batching, to a topic a reader follows), its "
-            f"CPU over {BURST_MEASURE_S:.0f} s after {BURST_WARMUP_S:.0f} s of warm-up, per W_SET; "
-            f"broker_extra_cpu_ms_per_wset_burst_plain_client is the broker's CPU over the same window less its CPU "
-            f"without a generator, per W_SET; generator_over_plain_client_cpu_burst and "
-            f"broker_extra_over_plain_client_burst are the generator's figures over these (ratios in one run: they "
-            f"hold on a slower or faster machine, where the figures in ms do not)",
+            f"CPU over {BURST_MEASURE_S:.0f} s after {BURST_WARMUP_S:.0f} s of warm-up, per W_SET ({_listed(plain_ms)} "
+            f"ms); broker_extra_cpu_ms_per_wset_burst_plain_client is the broker's CPU over the same window less its "
+            f"CPU without a generator in that round, per W_SET ({_listed(floor_extra)} ms); "
+            f"generator_over_plain_client_cpu_burst ({_listed(gen_ratio)}) and broker_extra_over_plain_client_burst "
+            f"({_listed(extra_ratio)}) are the medians of each round's generator figure over its plain client's "
+            f"(ratios within a round: they hold on a slower or faster machine, where the figures in ms do not)",
         }
     return suffixed(figures, cursor_source)
+
+
+@dataclass(frozen=True)
+class _Round:
+    """One round of the burst: shares of a core, and the plain client's window (its CPU, the broker's, W_SETs)."""
+
+    without: float
+    with_generator: float
+    generator: float
+    rate: float
+    """W_SETs a second while the generator was measured."""
+    floor: tuple[float, float, int] | None
+
+
+def _listed(values: list[float]) -> str:
+    return ", ".join(f"{value:.3f}" for value in values)
 
 
 def _plain_floor(settings: PulsarSettings, client: pulsar.Client, broker: int, namespace: str, topics: int,
