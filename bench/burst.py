@@ -39,11 +39,12 @@ from bench.common import (
 )
 from bench.generator import FAST_ENV, Generator, new_namespace
 from bench.generator_scale import Latencies
-from bench.plain_floor import TABLE, table_topic
+from bench.plain_floor import SUBSCRIPTION, TABLE, table_topic
 from consumer.watermark_feed import WatermarkFeed
 from producer import WatermarkProducer
-from pulsar_access.admin import PulsarAdmin
+from pulsar_access.admin import AdminError, PulsarAdmin
 from pulsar_access.settings import PulsarSettings
+from watermark_core.protocol import GENERATOR_SUBSCRIPTION
 
 BURST_TOPICS = 200
 BURST_WARMUP_S = 8.0
@@ -182,7 +183,9 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
 
     With the plugin, `BURST_ROUNDS` rounds alternate the three windows (no generator, the generator, the plain
     client) and each figure is the median of the rounds' (a ratio is taken within its round): one window's broker
-    figure swings by half on this shared machine, and the broker warms from round to round."""
+    figure swings by half on this shared machine, and the broker warms from round to round. After each generator
+    its subscription `__wm_generator` is deleted, so the next window without a generator has no plugin following the
+    topics either (the next generator takes them over afresh, from their snapshots)."""
     broker = broker_pid(settings)
     namespace = new_namespace(admin)
     record = Latencies()
@@ -232,9 +235,11 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
                     calls[call] = calls.get(call, 0) + count - calls_before[call]
             gen.kill()
             gen = None
+            for name in acking.names:  # the next round's window without a generator has no plugin following either
+                admin.delete_subscription(name, GENERATOR_SUBSCRIPTION)
             say(f"  round {number}, with it: broker {with_gen:.3f}, generator {gen_share:.3f} of a core over "
                 f"{wsets_with} W_SETs")  # fmt: skip
-            floor = (_plain_floor(settings, client, broker, namespace, topics, sent, jit_waits)
+            floor = (_plain_floor(settings, client, admin, broker, namespace, acking.names, sent, jit_waits)
                      if cursor_source == "auto" else None)  # fmt: skip
             rounds.append(_Round(without, with_gen, gen_share, wsets_with / BURST_MEASURE_S, floor))
         stop.set()
@@ -327,11 +332,12 @@ def _listed(values: list[float]) -> str:
     return ", ".join(f"{value:.3f}" for value in values)
 
 
-def _plain_floor(settings: PulsarSettings, client: pulsar.Client, broker: int, namespace: str, topics: int,
-                 sent: list[int], jit_waits: list[float]) -> tuple[float, float, int]:  # fmt: skip
+def _plain_floor(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, broker: int, namespace: str,
+                 names: list[str], sent: list[int], jit_waits: list[float]) -> tuple[float, float, int]:  # fmt: skip
     """bench/plain_floor.py on the burst's topics while the W_SETs go on: its CPU and the broker's (shares of a
     core) and the W_SETs sent meanwhile; a reader follows each of its table topics, as each feed follows a
     companion topic."""
+    topics = len(names)
     readers = [client.create_reader(table_topic(namespace, "burst", i), pulsar.MessageId.latest,
                                     reader_listener=lambda _reader, _message: None) for i in range(topics)]  # fmt: skip
     env = {**os.environ, "PULSAR_SERVICE_URL": settings.service_url, "PULSAR_ADMIN_URL": settings.admin_url}
@@ -355,6 +361,9 @@ def _plain_floor(settings: PulsarSettings, client: pulsar.Client, broker: int, n
         floor.wait()
         for reader in readers:
             reader.close()
+        for name in names:  # a later round's plain client starts at the tail, not from this one's position
+            with contextlib.suppress(AdminError):
+                admin.delete_subscription(name, SUBSCRIPTION)
 
 
 def _broker_ms_per_call(admin: PulsarAdmin, broker: int, topics: list[str], kind: str, calls: int = 600) -> float:

@@ -21,6 +21,10 @@ TABLE = b"t" * 300
 """About a table's size in the burst: one subscription's event with its producer, position and token."""
 
 
+SUBSCRIPTION = "plain-floor"
+"""Its subscription on each data topic (the burst deletes it after each window, so the next starts at the tail)."""
+
+
 def table_topic(namespace: str, prefix: str, i: int) -> str:
     return f"persistent://{namespace}/{prefix}-table-{i}"
 
@@ -41,7 +45,7 @@ def main(argv: list[str]) -> None:
     client = PulsarSettings.from_env().client()
     for i in range(count):
         producer = client.create_producer(table_topic(namespace, prefix, i), batching_enabled=False)
-        client.subscribe(f"persistent://{namespace}/{prefix}-{i}", "plain-floor",
+        client.subscribe(f"persistent://{namespace}/{prefix}-{i}", SUBSCRIPTION,
                          consumer_type=pulsar.ConsumerType.Failover, message_listener=_listener(producer))  # fmt: skip
     print("ready", flush=True)
     sys.stdin.read()  # until the bench closes our stdin (or kills us)

@@ -371,6 +371,11 @@ class PulsarAdmin:
             if exc.status != 409:
                 raise
 
+    def delete_subscription(self, topic: str, subscription: str) -> None:
+        """Delete a durable subscription, its consumers disconnected first (`pulsar-admin topics unsubscribe -f`)."""
+        path = f"{TopicName.parse(topic).rest_path}/subscription/{quote(subscription, safe='')}"
+        self._call("DELETE", path, params={"force": "true"})
+
     def set_topic_retention(self, topic: str, minutes: int = -1, size_mb: int = -1) -> None:
         """Retention of one existing topic (a topic-level policy; -1: forever, without a size limit)."""
         self._call(
