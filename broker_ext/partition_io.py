@@ -46,6 +46,7 @@ from broker_ext.engine.vocabulary import (
     ReadMarkerAt,
     ReadRange,
     RebuildRefused,
+    Reported,
     Restart,
     SnapshotFailed,
     SnapshotWritten,
@@ -343,19 +344,21 @@ class PartitionIO:
 
     # -- the plugin's intake (`--intake plugin`) ---------------------------------------------------------
 
-    def intake(self, report: IntakeReport | None) -> None:
-        """What the broker plugin found on this partition, in log order; None once no plugin reports it."""
+    def intake(self, report: IntakeReport | None, cursors: CursorsPolled | None = None) -> bool:
+        """What the broker plugin found on this partition, in log order; None once no plugin reports it. With the
+        `cursors` of the same answer, both go to the engine as one event (`Reported`); True when they did, else the
+        caller hands the cursors as ever."""
         if self.closed or self.ctx.config.intake != "plugin" or self._intake_stalled:
-            return
+            return False
         if report is None or report.overflowed:
             if report is not None and not self._overflow_logged:
                 self._overflow_logged = True
                 log.warning("%s: the broker plugin keeps no more of this partition's markers (the generator is far "
                             "behind): receiving them through the consumer", self.topic)  # fmt: skip
             self._receive_through_consumer()
-            return
+            return False
         if not self._intake and report.scanned_to[1] < 0 and not report.entries:
-            return  # the plugin has not read the partition yet: its consumer goes on receiving meanwhile
+            return False  # the plugin has not read the partition yet: its consumer goes on receiving meanwhile
         if not self._intake:
             self._intake = True
             self._stop_reading_ahead()
@@ -367,15 +370,20 @@ class PartitionIO:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: the plugin found %d markers and stretches up to %s", self.topic, len(report.entries),
                       report.scanned_to)  # fmt: skip
-        entries = list(report.entries)
+        entries = report.entries
         scanned = entry_end(*report.scanned_to)
         if report.scanned_to[1] >= 0 and (not entries or scanned > entries[-1].position):
             # entries it read and found nothing in (encrypted, malformed): the head passes them all the same
-            entries.append(EntryRead(scanned, stretch=(("", 0, 0),)))
+            entries = (*entries, EntryRead(scanned, stretch=(("", 0, 0),)))
+        if entries and entries[-1].position > self._last_position:
+            self._last_position, self._last_message = entries[-1].position, None
+        marker_read = any(e.raw is not None and e.raw.kind != MarkerKind.W_SNAPSHOT.value for e in entries)
+        if cursors is not None:
+            self.handle(Reported(entries, cursors), marker_read=marker_read)
+            return True
         for entry in entries:
-            if entry.position > self._last_position:
-                self._last_position, self._last_message = entry.position, None
             self.handle(entry, marker_read=entry.raw is not None and entry.raw.kind != MarkerKind.W_SNAPSHOT.value)
+        return False
 
     def _watch_intake(self, lag: int) -> None:
         """The plugin hands entries over within milliseconds of their write: a head behind for long means its

@@ -64,6 +64,7 @@ from broker_ext.engine.vocabulary import (
     ReadMarkerAt,
     ReadRange,
     RebuildRefused,
+    Reported,
     Restart,
     SnapshotFailed,
     SnapshotWritten,
@@ -113,15 +114,23 @@ def _quietly(raw: RawMarker) -> Marker | None:
         return None  # counted when the head read it
 
 
+def _decoded_entry(entry: EntryRead, out: list[Command]) -> EntryRead:
+    """`entry` with the raw marker a shell handed decoded; a malformed one is told to the shell and followed as data
+    of its producer."""
+    raw = entry.raw
+    if raw is None:
+        return entry
+    try:  # built, not `dataclasses.replace`d: once per marker read
+        return EntryRead(entry.position, decode_raw(raw), entry.producer, entry.event_time, entry.stretch)
+    except MalformedMarker as exc:
+        out.append(MarkerMalformed(exc, raw.producer, raw.position))
+        return EntryRead(entry.position, None, raw.producer, entry.event_time, entry.stretch)
+
+
 def _decoded(event: Event, out: list[Command]) -> Event:
     """`event` with the raw markers a shell handed decoded; a malformed one the head read is told to the shell."""
-    if isinstance(event, EntryRead) and event.raw is not None:
-        raw = event.raw
-        try:
-            return replace(event, marker=decode_raw(raw), raw=None)
-        except MalformedMarker as exc:
-            out.append(MarkerMalformed(exc, raw.producer, raw.position))
-            return replace(event, marker=None, producer=raw.producer, raw=None)  # followed as its producer's data
+    if isinstance(event, EntryRead):
+        return _decoded_entry(event, out)
     if isinstance(event, RangeRead) and event.raw:
         decoded = tuple(m for m in map(_quietly, event.raw) if m is not None)
         return replace(event, markers=event.markers + decoded, raw=())
@@ -303,6 +312,12 @@ class PartitionEngine:
     def handle(self, event: Event, now: float) -> list[Command]:
         """Take in one event at time `now` (seconds, wall clock: table `seq`s derive from it)."""
         out: list[Command] = []
+        if isinstance(event, Reported):
+            for entry in event.entries:
+                self._entry(_decoded_entry(entry, out), now, out)
+            if self.owner:
+                self._cursors(event.cursors, now, out)
+            return self._after_event(now, out)
         event = _decoded(event, out)
         if isinstance(event, EntryRead):
             self._entry(event, now, out)
@@ -324,6 +339,10 @@ class PartitionEngine:
             self._incarnation_read(event, now, out)
         elif isinstance(event, IncarnationClaimed):
             self._claimed(event, now, out)
+        return self._after_event(now, out)
+
+    def _after_event(self, now: float, out: list[Command]) -> list[Command]:
+        """What every event may make due: a snapshot, the next write, the next rebuild."""
         if isinstance(self.phase, Following):
             self._snapshot_if_due(self.phase, now)
             self._next_write(self.phase, now, out)

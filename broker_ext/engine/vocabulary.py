@@ -160,9 +160,20 @@ class IncarnationClaimed:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Reported:
+    """One answer of the broker plugin about the partition, as one event: the entries its intake read, in log
+    order, then the cursors (taken only by an owner, as the shell hands cursors). The same as handing each entry
+    and then the cursors as events of their own; one event, so a marker costs the shell and the engine one turn
+    (issue 47: the burst's cost per `W_SET`)."""
+
+    entries: tuple[EntryRead, ...]
+    cursors: CursorsPolled
+
+
 Event = (
-    EntryRead | CursorsPolled | OwnershipLost | SnapshotWritten | SnapshotFailed | MarkerFetched | RangeRead | Tick
-    | IncarnationRead | IncarnationClaimed
+    EntryRead | CursorsPolled | Reported | OwnershipLost | SnapshotWritten | SnapshotFailed | MarkerFetched | RangeRead
+    | Tick | IncarnationRead | IncarnationClaimed
 )  # fmt: skip
 
 

@@ -373,32 +373,36 @@ class PluginCursors:
                     self._missed[topic] = []
                 continue
             self.poller.pushed(partition, True)
-            if found is not None:
-                self._hand_intake(broker, partition, owner, found)
+            if found is not None and self._hand_intake(broker, partition, owner, found, polled):
+                continue  # the cursors went with the findings, as one event
             if partition.owner or partition.wants_cursors:
                 self._deliver(partition, pushed)
             elif owner == partition.consumer_name:
                 partition.named_owner(polled)  # the broker chose us; it delivers a second later
 
-    def _hand_intake(self, broker: str, partition: Followed, owner: str | None, found: Mapping[str, Any]) -> None:
-        """What the plugin found, to the partition if it is ours (before the cursors: its first entry makes the
-        engine the owner); each item is told once, so a partition that missed some gets all kept (`_refetch`)
-        before anything else: handed first, this answer's `scannedTo` would pass the missed entries over as read."""
+    def _hand_intake(
+        self, broker: str, partition: Followed, owner: str | None, found: Mapping[str, Any], cursors: CursorsPolled
+    ) -> bool:
+        """What the plugin found, to the partition if it is ours, with the answer's cursors after it (its first entry
+        makes the engine the owner); True when the cursors went with it. Each item is told once, so a partition
+        that missed some gets all kept (`_refetch`) before anything else: handed first, this answer's `scannedTo`
+        would pass the missed entries over as read."""
         if not partition.ours(owner):
             self._missed[partition.topic] = []
-            return
+            return False
         kept = self._missed.get(partition.topic)
         if kept is not None:
             kept.append(found)
             self._refetch(broker)
-            return
-        self._hand(partition, found)
+            return False
+        return self._hand(partition, found, cursors)
 
-    def _hand(self, partition: Followed, found: Mapping[str, Any]) -> None:
+    def _hand(self, partition: Followed, found: Mapping[str, Any], cursors: CursorsPolled | None = None) -> bool:
         try:
-            partition.intake(intake_report(found))
+            return partition.intake(intake_report(found), cursors)
         except ValueError as exc:
             log.warning("%s: %s", partition.topic, exc)
+            return False
 
     def _refetch(self, broker: str) -> None:
         """Ask the broker's plugin for everything it keeps (a full answer, beside the long poll), for the topics

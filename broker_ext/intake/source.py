@@ -41,9 +41,10 @@ class Followed(Protocol):
         topic property `wm.incarnation` now; None where no plugin could (the admin API makes it)."""
         ...
 
-    def intake(self, report: IntakeReport | None) -> None:
+    def intake(self, report: IntakeReport | None, cursors: CursorsPolled | None = None) -> bool:
         """What the plugin found on the partition since its last answer, or None once no plugin reports it (only
-        while the generator asks for the intake)."""
+        while the generator asks for the intake); with the answer's `cursors`, True when they were taken with it
+        (one event), False when the caller is to hand them."""
         ...
 
 

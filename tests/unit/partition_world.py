@@ -33,6 +33,7 @@ from broker_ext.engine.vocabulary import (
     ReadMarkerAt,
     ReadRange,
     RebuildRefused,
+    Reported,
     Restart,
     SnapshotWritten,
     Tick,
@@ -284,6 +285,17 @@ class World:
             self.send(self.delivery.engine, entry)
             delivered += 1
         return delivered
+
+    def report(self, count: int) -> int:
+        """As a broker plugin's answer: the next `count` entries and the cursors, to the owner as one `Reported`
+        event (an engine not owning the partition yet becomes its owner with the first entry); returns how many."""
+        if self.delivery is None:
+            return 0
+        entries = [e for e in self.entries() if e.position > self.delivery.after][:count]
+        if entries:
+            self.delivery.after = entries[-1].position
+        self.send(self.delivery.engine, Reported(tuple(entries), self.polled()))
+        return len(entries)
 
     def redeliver(self, entries: int) -> None:
         """The consumer reconnected: the last `entries` are delivered again."""

@@ -7,6 +7,7 @@ and come back, the cursors are polled, time passes, and other instances take the
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from unittest import mock
@@ -47,6 +48,7 @@ steps = st.one_of(
     st.tuples(st.just("tick"), st.sampled_from((0.1, 0.5, 3.0, 11.0))),
     st.tuples(st.just("takeover")),
     st.tuples(st.just("seek"), st.sampled_from(SUBSCRIPTIONS), st.floats(0, 0.3)),
+    st.tuples(st.just("report"), st.integers(0, 6)),
 )
 
 
@@ -95,6 +97,8 @@ def play(
             world.roll()
         elif kind == "deliver":
             world.deliver(int(step[1]))
+        elif kind == "report":
+            world.report(int(step[1]))
         elif kind == "redeliver":
             world.redeliver(int(step[1]))
             world.deliver(int(step[1]))
@@ -180,6 +184,41 @@ def test_taking_over_at_any_point_then_continuing_equals_an_uninterrupted_run(
     states = [p.head for p in heads if isinstance(p, Following)]
     if len(states) == 2:
         assert (states[0].watermark, states[0].producers) == (states[1].watermark, states[1].producers)
+
+
+def unbatched(script: list[Step]) -> list[Step]:
+    """The script with each plugin answer (`report`) handed as the entries one by one, then the cursors."""
+    out: list[Step] = []
+    for step in script:
+        out.extend([("deliver", step[1]), ("poll",)] if step[0] == "report" else [step])
+    return out
+
+
+@RELAXED
+@given(st.lists(steps, max_size=60), st.integers(2, 6), st.sampled_from((10_000, 2)))
+@example([("set", "p1", 5), ("report", 3), ("set", "p1", 7), ("ack", "s1", 1.0), ("report", 3)], 3, 10_000)
+def test_an_answer_handed_as_one_event_publishes_what_its_entries_and_cursors_handed_one_by_one_do(
+    script: list[Step], interval: int, limit: int
+) -> None:
+    """Issue 47: a plugin's answer is one `Reported` event; by the end of each step every subscription's latest
+    published watermark, and the head watermarks told, are those of its entries and then the cursors handed as events
+    of their own (how many tables it took may differ: the rig answers the engine's requests between two events)."""
+
+    def published(steps: list[Step]) -> tuple[Run, list[object]]:
+        seen: list[object] = []
+
+        def look(world: World) -> None:
+            latest = {e.subscription: (e.event_time, e.position) for _, e in world.tables}
+            seen.append((latest, [(h.position, h.watermark) for h in world.head_watermarks]))
+
+        return play(steps, interval=interval, limit=limit, after_each=look), seen
+
+    batched, by_step = published(script)
+    one_by_one, by_substep = published(unbatched(script))
+    ends = list(itertools.accumulate(2 if step[0] == "report" else 1 for step in script))  # each step's last substep
+    assert by_step == [by_substep[end - 1] for end in ends]
+    check_every_value_published(batched.world)
+    assert final_values(batched) == final_values(one_by_one)
 
 
 def same_state(state: WatermarkState, truth: WatermarkState) -> bool:

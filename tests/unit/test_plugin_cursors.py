@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -45,6 +46,20 @@ class _Partition(SimpleNamespace):
         if getattr(self, "claimed", None) is not None:
             return bool(self.claimed)
         return owner == self.consumer_name or (owner is None and bool(self.owner))
+
+
+def _recording(handed: list[Any], *, with_cursors: bool = False) -> Callable[..., bool]:
+    """A partition's `intake`: records each report; with `with_cursors`, takes the answer's cursors with it (as
+    `PartitionIO.intake` does while it follows the partition through the plugin) and records them too."""
+
+    def intake(report: Any, cursors: CursorsPolled | None = None) -> bool:
+        handed.append(report)
+        if with_cursors and cursors is not None:
+            handed.append(cursors)
+            return True
+        return False
+
+    return intake
 
 
 def _partition(topic: str = T0) -> Any:
@@ -257,7 +272,7 @@ def test_with_the_intake_what_a_plugin_found_goes_to_the_partition_it_chose_and_
     cursors.intake = True
     handed: dict[str, list[Any]] = {T0: [], T0 + "-other": []}
     for partition in (ours, theirs):
-        partition.intake = handed[partition.topic].append
+        partition.intake = _recording(handed[partition.topic])
         cursors.add(partition)
     found = {"found": [{"data": [5, 3, -1], "producers": {"a": [2, 7]}}], "scannedTo": [5, 3], "overflowed": False}
     topics = {T0: {**_report(3, owner="c"), "intake": found}, T0 + "-other": {**_report(3, owner="d"), "intake": found}}
@@ -267,6 +282,26 @@ def test_with_the_intake_what_a_plugin_found_goes_to_the_partition_it_chose_and_
     assert handed[T0 + "-other"] == []  # another generator's consumer holds it
     cursors._answered(B1, {"epoch": "e", "seq": 2, "full": False, "topics": {}, "gone": [T0]})
     assert handed[T0][-1] is None  # no plugin reports it now: its consumer receives again
+
+
+def test_what_a_plugin_found_goes_to_the_partition_with_the_answers_cursors_as_one_handing() -> None:
+    """Issue 47: a partition that takes the findings with the cursors of the same answer (one engine event) is not
+    told those cursors a second time; one that does not take them is told them after the findings."""
+    cursors, taking, not_taking = _cursors(), _partition(T0), _partition(T0 + "-other")
+    cursors.intake = True
+    handed: dict[str, list[Any]] = {T0: [], T0 + "-other": []}
+    taking.intake = _recording(handed[T0], with_cursors=True)
+    not_taking.intake = _recording(handed[T0 + "-other"])
+    for partition in (taking, not_taking):
+        cursors.add(partition)
+    found = {"found": [{"data": [5, 3, -1], "producers": {"a": [2, 7]}}], "scannedTo": [5, 3], "overflowed": False}
+    topics = {t: {**_report(3, owner="c"), "intake": found} for t in handed}
+    cursors._answered(B1, {"epoch": "e", "seq": 1, "full": True, "topics": topics, "gone": []})
+    report, polled = handed[T0]
+    assert report.scanned_to == (5, 3) and polled.subscriptions == {"app": (5, 3)}
+    assert taking.told == []  # not told again
+    (other_report,) = handed[T0 + "-other"]
+    assert other_report.scanned_to == (5, 3) and [p.subscriptions for p in not_taking.told] == [{"app": (5, 3)}]
 
 
 def _refetching(cursors: PluginCursors) -> list[Any]:
@@ -295,7 +330,7 @@ def test_a_partition_that_missed_what_the_plugin_told_while_it_was_not_ours_asks
     cursors.intake = True
     asked = _refetching(cursors)
     handed: list[Any] = []
-    partition.intake = handed.append
+    partition.intake = _recording(handed)
     partition.owner = False
     cursors.add(partition)
     found = {"found": [{"data": [5, 3, -1], "producers": {"a": [2, 7]}}], "scannedTo": [5, 3], "overflowed": False}
@@ -327,7 +362,7 @@ def test_by_claim_a_partition_is_ours_once_claimed_and_gets_all_the_plugin_keeps
     cursors.intake = True
     asked = _refetching(cursors)
     handed: list[Any] = []
-    partition.intake = handed.append
+    partition.intake = _recording(handed)
     partition.owner, partition.claimed = False, False
     cursors.add(partition)
     assert not cursors.claimed(partition)  # no plugin reports it yet: our consumer must receive
@@ -373,7 +408,7 @@ def test_a_partition_that_becomes_ours_while_all_kept_is_being_asked_for_waits_f
     asked = _refetching(cursors)
     handed: dict[str, list[Any]] = {T0: [], T0 + "-2": []}
     for partition in (first, second):
-        partition.intake = handed[partition.topic].append
+        partition.intake = _recording(handed[partition.topic])
         partition.owner, partition.claimed = False, False
         cursors.add(partition)
     found = {"found": [{"data": [5, 3, -1], "producers": {"a": [2, 7]}}], "scannedTo": [5, 3], "overflowed": False}
