@@ -27,6 +27,7 @@ from typing import Any
 
 import pulsar
 
+from broker_ext.cli import tune_gc
 from broker_ext.config import GeneratorConfig
 from broker_ext.service import GeneratorService
 from pulsar_access.settings import PulsarSettings
@@ -89,6 +90,7 @@ def _drain(service: GeneratorService) -> None:
 def main(argv: list[str]) -> int:
     """Prints the CPU per `W_SET`; returns how many topics ended with their last `W_SET` as their watermark."""
     rounds = int(argv[0]) if argv and argv[0].isdigit() else 500
+    tune_gc()  # as `broker-ext serve` does: collections as rare as in the generator's process
     # the defaults (the plugin's intake, by claim) but a snapshot every ten W_SETs, as the burst writes them
     config = GeneratorConfig(namespaces=(NAMESPACE,), metrics_port=0, snapshot_interval_s=1e9,
                              snapshot_interval_messages=SNAPSHOT_EVERY)  # fmt: skip

@@ -25,7 +25,7 @@ generations, whose collections took 5-7 % of the generator's CPU in a burst; at 
 (measured with `gc.callbacks`, docs/DECISIONS.md, session 21)."""
 
 
-def _tune_gc() -> None:
+def tune_gc() -> None:
     """Collect less often: cycles are still found, the short-lived states are freed by their reference count."""
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
@@ -34,7 +34,7 @@ def _serve(args: argparse.Namespace) -> int:
     from broker_ext.service import GeneratorService
 
     config = generator_config.from_arguments(args)
-    _tune_gc()
+    tune_gc()
     service = GeneratorService(config, PulsarSettings.from_env())
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
