@@ -590,8 +590,9 @@ class PartitionEngine:
     def _follow_cursors(self, f: Following, polled: CursorsPolled, now: float, out: list[Command]) -> None:
         """Every subscription's mark-delete position: move its tracker, recompute it if it moved back."""
         lag = read_lag(f.log.head_position, polled.last_confirmed, polled.ledgers)
+        if lag or not f.read_to_tail:  # at the tail again tells nothing new; a lag is told each time (stall watch)
+            out.append(ReadLag(lag))
         f.read_to_tail = lag == 0
-        out.append(ReadLag(lag))
         for name in [n for n in f.trackers if n not in polled.subscriptions]:
             log.info("%s: subscription %r removed", self.topic, name)
             del f.trackers[name]

@@ -306,7 +306,8 @@ class UnusableSnapshot:
 
 @dataclass(frozen=True)
 class ReadLag:
-    """Entries between the head and the partition's last entry, at the latest cursor poll."""
+    """Entries between the head and the partition's last entry, at the latest cursor poll: told at every poll while
+    the head is behind, and once when it reaches the tail."""
 
     entries: int
 

@@ -26,6 +26,7 @@ from broker_ext.engine.vocabulary import (
     RangeRead,
     RawMarker,
     ReadIncarnation,
+    ReadLag,
     ReadMarkerAt,
     ReadRange,
     SnapshotWritten,
@@ -765,6 +766,26 @@ def test_the_head_watermark_is_told_whenever_it_changes() -> None:
     b = world.w_set("A", 150)
     world.settle()
     assert [(h.position, h.watermark) for h in world.head_watermarks] == [(a, 100), (b, 150)]
+
+
+def test_the_read_lag_is_told_when_it_changes_and_while_the_head_is_behind_not_at_every_poll_at_the_tail() -> None:
+    """Issue 47: a poll at the tail once more changes nothing the shell shows (the gauge holds 0, no stall to time);
+    a lag is told at every poll, so the shell's watch of a stalled intake sees time pass."""
+    world = World()
+    world.w_set("A", 50)
+    first_owner(world)
+    world.commands.clear()
+    world.poll()
+    world.poll()
+    assert of(world, ReadLag) == []  # at the tail since the take-over's poll
+    world.w_set("A", 100)
+    world.poll()
+    world.poll()
+    assert of(world, ReadLag) == [ReadLag(1), ReadLag(1)]
+    world.deliver()
+    world.poll()
+    world.poll()
+    assert of(world, ReadLag) == [ReadLag(1), ReadLag(1), ReadLag(0)]
 
 
 def test_broken_assertions_and_unusable_snapshots_are_reported_and_skipped() -> None:
