@@ -425,10 +425,7 @@ class WatermarkDispatcher:
         changed = set(table.changed)
         for event in table.events:
             if event.subscription in changed:
-                if event.event_time is None:
-                    self._metrics.forget_watermark(event.topic, event.partition, event.subscription)
-                else:
-                    self._metrics.record_watermark(event.topic, event.partition, event.subscription, event.event_time)
+                self._metrics.record_watermark(event.topic, event.partition, event.subscription, event.event_time)
         log.debug("%s: published the table of partition %d (seq %d)", first.topic, first.partition, first.seq)
         self._maybe_compact(companion)
 

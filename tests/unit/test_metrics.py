@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from broker_ext.metrics import GeneratorMetrics
 
 LABELS = {"topic": "persistent://public/default/t", "partition": "0", "subscription": "s"}
@@ -9,7 +11,11 @@ LABELS = {"topic": "persistent://public/default/t", "partition": "0", "subscript
 
 def test_a_watermark_recorded_again_after_it_was_forgotten_shows_again() -> None:
     metrics = GeneratorMetrics()
-    for forget in (metrics.forget_watermark, metrics.forget_subscription):
+
+    def no_watermark(topic: str, partition: int, subscription: str) -> None:  # a table giving it none
+        metrics.record_watermark(topic, partition, subscription, None)
+
+    for forget in (no_watermark, metrics.forget_subscription):
         metrics.record_watermark(LABELS["topic"], 0, "s", 1_000)
         assert metrics.registry.get_sample_value("wm_watermark_ms", LABELS) == 1_000
         forget(LABELS["topic"], 0, "s")
@@ -27,3 +33,22 @@ def test_counters_have_no_created_series_so_a_scrape_of_thousands_of_topics_stay
     names = {sample.name for family in metrics.registry.collect() for sample in family.samples}
     assert "wm_watermarks_published_total" in names and "wm_markers_applied_total" in names
     assert not [name for name in names if name.endswith("_created")], names
+
+
+def test_a_watermarks_age_is_taken_when_scraped_and_every_table_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 47: what a table changes is kept in plain values and read by each scrape, not set on metric objects per
+    table; the age is the wall clock at the scrape less the watermark, so a watermark that stands still ages."""
+    import broker_ext.metrics as module
+
+    metrics = GeneratorMetrics()
+    clock = [100.0]
+    monkeypatch.setattr(module.time, "time", lambda: clock[0])
+    metrics.record_watermark(LABELS["topic"], 0, "s", 90_000)
+    metrics.record_watermark(LABELS["topic"], 0, "s", 95_000)
+    assert metrics.registry.get_sample_value("wm_watermark_age_seconds", LABELS) == 5.0
+    clock[0] = 130.0
+    assert metrics.registry.get_sample_value("wm_watermark_age_seconds", LABELS) == 35.0
+    assert metrics.registry.get_sample_value("wm_watermarks_published_total", LABELS) == 2
+    metrics.record_watermark(LABELS["topic"], 0, "s", None)  # a table giving it no watermark is a table published too
+    assert metrics.registry.get_sample_value("wm_watermarks_published_total", LABELS) == 3
+    assert metrics.registry.get_sample_value("wm_watermark_age_seconds", LABELS) is None
