@@ -31,15 +31,21 @@ class _Subscriptions(Collector):
     def __init__(self) -> None:
         self.latest: dict[SubscriptionKey, _Published] = {}
 
-    def collect(self) -> Iterator[Metric]:
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily]:
         names = ["topic", "partition", "subscription"]
-        watermark = GaugeMetricFamily("wm_watermark_ms", "Watermark of a subscription (ms since epoch)", labels=names)
-        age = GaugeMetricFamily(
-            "wm_watermark_age_seconds", "Wall clock at the scrape minus the watermark", labels=names
+        return (
+            GaugeMetricFamily("wm_watermark_ms", "Watermark of a subscription (ms since epoch)", labels=names),
+            GaugeMetricFamily("wm_watermark_age_seconds", "Wall clock at the scrape minus the watermark", labels=names),
+            CounterMetricFamily("wm_watermarks_published", "Tables published for a subscription", labels=names),
         )
-        published = CounterMetricFamily(
-            "wm_watermarks_published", "SendWatermark events published", labels=names, created=None
-        )
+
+    def describe(self) -> Iterator[Metric]:
+        """The families, empty: what the registry knows the collector by (a scrape asking for series by name)."""
+        yield from self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        watermark, age, published = self._families()
         now = time.time()
         for (topic, partition, subscription), latest in list(self.latest.items()):  # a copy: taken at once
             labels = [topic, str(partition), subscription]
