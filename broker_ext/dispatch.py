@@ -207,11 +207,13 @@ class WatermarkDispatcher:
         """The run's first event triggers one compaction: whether this role may is known (and said) at once."""
         self._failures_logged = False
 
-    def publish(self, table: PublishTable) -> None:
-        """Send a partition's table (every subscription's watermark), with its waiting head event; on the loop
-        thread."""
+    def publish(self, table: PublishTable, riding: Sequence[HeadWatermark] = ()) -> None:
+        """Send a partition's table (every subscription's watermark), with its head events waiting and then those of
+        `riding` (the partition's heads of the same turn: they need not wait); on the loop thread."""
         companion = self._companion(table.events[0].topic)
         if companion.producer is None:
+            for head in riding:
+                self._wait_for_producer(companion, head)
             self._wait_for_producer(companion, table)
             return
         first = table.events[0]
@@ -219,7 +221,7 @@ class WatermarkDispatcher:
         heads = companion.heads.on_table(partition, time.monotonic())
         if heads:
             self._loop.cancel(_head_timer(companion, partition))
-        self._send(companion, table, heads)
+        self._send(companion, table, [*heads, *riding] if riding else heads)
 
     def publish_head(self, head: HeadWatermark) -> None:
         """Send the watermark of a partition's head at a position (the fold of the log up to it); on the loop thread.

@@ -128,6 +128,8 @@ class PartitionIO:
         self.consumer: pulsar.Consumer | None = None
         self.subscribing = False
         self.head: HeadWatermark | None = None
+        self._heads: list[HeadEvent] = []
+        """Head events told in this turn (`handle`), not yet handed to the dispatcher."""
         """The head state's latest watermark and where it took effect (published as a head event)."""
         self._producer: pulsar.Producer | None = None
         self._creating_producer = False
@@ -441,6 +443,10 @@ class PartitionIO:
             return
         for command in self.engine.handle(event, time.time()):
             self._carry_out(command)
+        if self._heads:  # no table of this turn took them: they wait for the next one (`HeadPairing`)
+            heads, self._heads = self._heads, []
+            for head in heads:
+                self.ctx.dispatcher.publish_head(head)
         wakeup = self.engine.wakeup_at
         key = (self.topic, "tick")
         if wakeup is None:
@@ -474,12 +480,14 @@ class PartitionIO:
             self.head = command
             if command.watermark is not None:
                 # The watermark at this position of the log, for readers that need it before any
-                # subscription has acknowledged there (the Spark source); tables go out as before.
-                self.ctx.dispatcher.publish_head(HeadEvent(
+                # subscription has acknowledged there (the Spark source); tables go out as before. Held
+                # to the end of the turn: a table of the same turn takes it along (`handle`).
+                self._heads.append(HeadEvent(
                     self.base_topic, self.partition, command.position[:2], command.watermark, command.incarnation
                 ))  # fmt: skip
         elif isinstance(command, PublishTable):
-            self.ctx.dispatcher.publish(command)
+            heads, self._heads = self._heads, []
+            self.ctx.dispatcher.publish(command, heads)
         elif isinstance(command, ReadLag):
             self._read_lag.set(command.entries)
             self._watch_intake(command.entries)

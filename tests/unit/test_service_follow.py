@@ -96,3 +96,39 @@ def test_a_gone_topic_leaves_its_groups_companion_to_the_topics_still_followed(s
     assert dispatcher._companions[companion] is held and set(held.heads.waiting) == {(second, -1)}
     dispatcher.forget(second)
     assert companion not in dispatcher._companions
+
+
+class _Sending:
+    """A companion producer's stand-in (the client binding's `send_async`): keeps what was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        self._producer = self
+
+    def send_async(self, message: object, _callback: object) -> None:
+        self.sent.append(message.data())  # type: ignore[attr-defined]
+
+
+def test_a_head_handed_with_its_partitions_table_rides_on_it_without_waiting(service: GeneratorService) -> None:
+    """Issue 47: a marker folded and acknowledged in one answer gives a head event and a table in one turn; the head
+    rides on that table at once (one message, no timer to wait on), after any head of the partition still waiting.
+    Without a producer yet, both wait for it in their order."""
+    from broker_ext.engine.vocabulary import PublishTable
+    from pulsar_access.topics import watermark_topic_for
+    from watermark_core.protocol import HeadWatermark, WatermarkEvent, decode_table_with_heads
+
+    dispatcher, companion = service.dispatcher, watermark_topic_for(OURS)
+    first = PublishTable((WatermarkEvent(OURS, -1, "app", 100, (1, 1), 7),), ("app",))
+    head = HeadWatermark(OURS, -1, (1, 1), 100)
+    dispatcher.publish(first, (head,))
+    assert dispatcher._companions[companion].waiting == [head, first]  # no producer yet
+    producer = _Sending()
+    dispatcher.claimed(companion, producer)  # type: ignore[arg-type]
+    assert len(producer.sent) == 2  # what waited, in order
+    waiting, riding = HeadWatermark(OURS, -1, (1, 2), 150), HeadWatermark(OURS, -1, (1, 3), 200)
+    dispatcher.publish_head(waiting)  # its marker not acknowledged yet: waits for a table
+    table = PublishTable((WatermarkEvent(OURS, -1, "app", 200, (1, 3), 8),), ("app",))
+    dispatcher.publish(table, (riding,))
+    assert len(producer.sent) == 3
+    assert decode_table_with_heads(producer.sent[-1]) == (list(table.events), [waiting, riding])
+    assert not any(key[0] == "head" for key in service.loop._due), service.loop._due  # no head timer left
