@@ -262,31 +262,34 @@ def _is_int(value: object) -> TypeGuard[int]:
 
 
 def _event_body(event: WatermarkEvent) -> dict[str, Any]:
+    # Built once per subscription of every table the generator publishes: no copy msgpack does not need (a tuple
+    # packs as the array a list does), the optional key set only when there.
     if event.event_time is not None:
         _check_event_time(event.event_time)
-    if not (_is_int(event.partition) and _is_int(event.seq) and all(_is_int(p) for p in event.position)):
+    position = event.position
+    if not (_is_int(event.partition) and _is_int(event.seq) and all(_is_int(p) for p in position)):
         raise ValueError(f"partition, seq and position of a watermark event must be ints: {event!r}")
-    return {
+    active = event.active
+    body = {
         "topic": event.topic,
         "partition": event.partition,
         "subscription": event.subscription,
         "event_time": event.event_time,
-        "position": list(event.position),
+        "position": position,
         "seq": event.seq,
-        "active": dict(event.active),
-        "idle": list(event.idle),
+        "active": active if type(active) is dict else dict(active),
+        "idle": event.idle,
         "pending": event.pending,
-        **_incarnation_field(event.incarnation),
     }
+    if event.incarnation is not None:
+        body["incarnation"] = _checked_incarnation(event.incarnation)
+    return body
 
 
-def _incarnation_field(incarnation: str | None) -> dict[str, str]:
-    """The optional `incarnation` key: absent when None, so that readers of before it read the rest as ever."""
-    if incarnation is None:
-        return {}
+def _checked_incarnation(incarnation: object) -> str:
     if not isinstance(incarnation, str) or not incarnation:
         raise ValueError(f"an incarnation token is a non-empty str, got {incarnation!r}")
-    return {"incarnation": incarnation}
+    return incarnation
 
 
 def _incarnation_from(body: Mapping[str, Any]) -> str | None:
@@ -432,13 +435,11 @@ def _head_body(event: HeadWatermark) -> dict[str, Any]:
     if not (_is_int(event.partition) and event.partition >= -1 and len(event.position) == 2
             and all(_is_int(p) for p in event.position)):  # fmt: skip
         raise ValueError(f"partition and position of a head event must be ints: {event!r}")
-    return {
-        "topic": event.topic,
-        "partition": event.partition,
-        "position": list(event.position),
-        "event_time": event.event_time,
-        **_incarnation_field(event.incarnation),
-    }
+    body = {"topic": event.topic, "partition": event.partition, "position": event.position,
+            "event_time": event.event_time}  # fmt: skip
+    if event.incarnation is not None:
+        body["incarnation"] = _checked_incarnation(event.incarnation)
+    return body
 
 
 def decode_head(payload: bytes) -> HeadWatermark:

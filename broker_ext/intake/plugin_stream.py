@@ -13,7 +13,7 @@ events a consumer's delivery would have given (markers raw: the engine decodes t
 
 from __future__ import annotations
 
-import base64
+from binascii import a2b_base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,9 +41,10 @@ def intake_report(report: Mapping[str, Any]) -> IntakeReport:
             if "marker" in found:
                 ledger, entry, batch = found["at"]
                 position = position_of(ledger, entry, batch)
-                raw = RawMarker(str(found["marker"]), base64.b64decode(found["payload"]), str(found["producer"]),
-                                position, int(found["publishTime"]))  # fmt: skip
-                entries.append(EntryRead(position, raw=raw))
+                payload = a2b_base64(found["payload"])  # what `base64.b64decode` does, without its layers
+                raw = RawMarker(str(found["marker"]), payload, str(found["producer"]), position,
+                                int(found["publishTime"]))  # fmt: skip
+                entries.append(EntryRead(position, None, "", 0, (), raw))
             else:
                 ledger, entry, batch = found["data"]
                 stretch = tuple(
@@ -53,5 +54,5 @@ def intake_report(report: Mapping[str, Any]) -> IntakeReport:
                 entries.append(EntryRead(position_of(ledger, entry, batch), stretch=stretch))
         scanned = report.get("scannedTo") or (-1, -1)
         return IntakeReport(tuple(entries), (int(scanned[0]), int(scanned[1])), bool(report.get("overflowed")))
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:  # binascii.Error is a ValueError
         raise ValueError(f"the plugin's intake report is not of this generator's version ({exc!r})") from exc
