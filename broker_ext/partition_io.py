@@ -128,9 +128,9 @@ class PartitionIO:
         self.consumer: pulsar.Consumer | None = None
         self.subscribing = False
         self.head: HeadWatermark | None = None
+        """The head state's latest watermark and where it took effect (published as a head event)."""
         self._heads: list[HeadEvent] = []
         """Head events told in this turn (`handle`), not yet handed to the dispatcher."""
-        """The head state's latest watermark and where it took effect (published as a head event)."""
         self._producer: pulsar.Producer | None = None
         self._creating_producer = False
         self._waiting_write: WriteSnapshot | None = None
