@@ -59,6 +59,8 @@ WAIT_S = 3_600
 again: a standby re-asks each topic about once an hour, not every few seconds."""
 HOLD_OFF_S = 1.0
 """The k-th instance in a topic's rank asks for its claim this much times k later than the first."""
+STARVED_S = 30.0
+"""A request unanswered this long, with no other generator following the claim's topics, is warned about (`_ask`)."""
 MEMBERS_TOPIC = "__wm_generators"
 MEMBER_PREFIX = "__wm_member-"
 MEMBERS_EVERY_S = 5.0
@@ -119,6 +121,8 @@ class Claim:
     home: bool = False
     """Its topics are served by this instance's own broker (of several): it keeps them whatever the rank."""
     held_since: float = 0.0
+    warned: bool = False
+    """Whether `Claims._still_waiting` said why it waits (once)."""
 
 
 class Claims:
@@ -316,6 +320,25 @@ class Claims:
         except Exception as exc:  # the client closed, the namespace check failed: asked again later
             failure = exc
             self._loop.post(lambda: self._answered(claim, attempt, failure, None))
+        self._loop.call_at(time.time() + STARVED_S, ("claim-wait", claim.companion),
+                           lambda: self._still_waiting(claim, attempt))  # fmt: skip
+
+    def _still_waiting(self, claim: Claim, attempt: int) -> None:
+        """Say once why a claim that no other generator here could hold for our topics is not granted: the companion
+        topic is a group's, and a generator following other topics of the group holds it and publishes those only."""
+        if claim.asking != attempt or claim.warned or self._claims.get(claim.companion) is not claim:
+            return
+        others = sorted(m for m in self._members if not any(t in self._members[m] for t in claim.topics))
+        if self._rank(claim) != [self._instance_id]:
+            return  # a standby: another generator follows these topics and holds the claim by design
+        claim.warned = True
+        log.warning(
+            "%s: waiting %.0f s for its claim, and no other generator follows %s: one following other topics of its "
+            "group (%s) holds it, and publishes their watermarks only. Generators that publish in one watermark "
+            "namespace must follow the same topics of each namespace (docs/OPERATIONS.md); give the others their own "
+            "--watermark-namespace, or the same --namespace / --topic list", claim.companion, STARVED_S,
+            _named(claim.topics), ", ".join(others) or "not a member now",
+        )  # fmt: skip
 
     def _answered(self, claim: Claim, attempt: int, result: object, producer: Any) -> None:
         if claim.asking != attempt:

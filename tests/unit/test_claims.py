@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from types import SimpleNamespace
 from typing import Any, cast
+
+import pytest
 
 from broker_ext.claims import Claim, Claims, Follows, rank
 from broker_ext.loop import EventLoop
@@ -96,3 +99,28 @@ def test_a_claim_is_its_companion_topics_and_its_topics_are_owned_and_let_go_tog
     assert lost == [(companion, frozenset({b}))] and claims.held(b) is None
     claims.drop(b)
     assert companion not in claims._claims and claims.held(b) is None
+
+
+def test_a_claim_nobody_else_here_follows_that_waits_long_says_who_may_hold_it_and_the_fix(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Found by chaos (session 32): a companion topic is a group's, so a generator following other topics of the
+    group may hold its claim and publish only those; ours then waits without end. A standby (another member follows
+    our topics) waits by design and is not warned about."""
+    topic = "persistent://acme/orders/t-1"
+    asked: list[str] = []
+    client = SimpleNamespace(_client=SimpleNamespace(create_producer_async=lambda name, conf, done: asked.append(name)))
+    for others, warned in (({"b": Follows(frozenset(), frozenset({"persistent://acme/orders/t-2"}))}, True),
+                           ({"b": Follows(frozenset({"acme/orders"}))}, False)):  # fmt: skip
+        loop = EventLoop("test-claims")
+        claims = Claims(cast(Any, client), loop, "a", None, gained=lambda c, t, p: None, lost=lambda c, t: None,
+                        follows=Follows(frozenset(), frozenset({topic})))  # fmt: skip
+        claims._ready_at = 0.0
+        claims._members = others
+        claims.want(topic)
+        assert asked[-1] == watermark_topic_for(topic)  # asked at once: the first in rank for it
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="broker_ext.claims"):
+            _, _, still_waiting = loop._due[("claim-wait", watermark_topic_for(topic))]
+            still_waiting()  # `STARVED_S` later, no answer yet
+        assert ("follow the same" in caplog.text) is warned, caplog.text
