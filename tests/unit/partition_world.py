@@ -286,6 +286,19 @@ class World:
             delivered += 1
         return delivered
 
+    def deliver_listed(self, count: int) -> int:
+        """Deliver, one by one, the next `count` entries as they stand now (not those the engine's own requests
+        write meanwhile, such as its snapshot records): what one answer of the plugin lists; returns how many."""
+        if self.delivery is None:
+            return 0
+        listed = [e for e in self.entries() if e.position > self.delivery.after][:count]
+        for entry in listed:
+            if self.delivery is None or entry.position <= self.delivery.after:
+                break
+            self.delivery.after = entry.position
+            self.send(self.delivery.engine, entry)
+        return len(listed)
+
     def report(self, count: int) -> int:
         """As a broker plugin's answer: the next `count` entries and the cursors, to the owner as one `Reported`
         event (an engine not owning the partition yet becomes its owner with the first entry); returns how many."""

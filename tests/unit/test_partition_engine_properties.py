@@ -99,6 +99,8 @@ def play(
             world.deliver(int(step[1]))
         elif kind == "report":
             world.report(int(step[1]))
+        elif kind == "listed":
+            world.deliver_listed(int(step[1]))
         elif kind == "redeliver":
             world.redeliver(int(step[1]))
             world.deliver(int(step[1]))
@@ -187,29 +189,33 @@ def test_taking_over_at_any_point_then_continuing_equals_an_uninterrupted_run(
 
 
 def unbatched(script: list[Step]) -> list[Step]:
-    """The script with each plugin answer (`report`) handed as the entries one by one, then the cursors."""
+    """The script with each plugin answer (`report`) handed as the same entries one by one, then the cursors."""
     out: list[Step] = []
     for step in script:
-        out.extend([("deliver", step[1]), ("poll",)] if step[0] == "report" else [step])
+        out.extend([("listed", step[1]), ("poll",)] if step[0] == "report" else [step])
     return out
 
 
 @RELAXED
 @given(st.lists(steps, max_size=60), st.integers(2, 6), st.sampled_from((10_000, 2)))
 @example([("set", "p1", 5), ("report", 3), ("set", "p1", 7), ("ack", "s1", 1.0), ("report", 3)], 3, 10_000)
+@example([("set", "p1", 0), ("report", 2), ("set", "p1", 1), ("deliver", 1)], 2, 10_000)  # CI, session 32: the rig
+# delivered one by one the snapshot record the take-over wrote meanwhile, which the answer did not list
 def test_an_answer_handed_as_one_event_publishes_what_its_entries_and_cursors_handed_one_by_one_do(
     script: list[Step], interval: int, limit: int
 ) -> None:
     """Issue 47: a plugin's answer is one `Reported` event; by the end of each step every subscription's latest
-    published watermark, and the head watermarks told, are those of its entries and then the cursors handed as events
-    of their own (how many tables it took may differ: the rig answers the engine's requests between two events)."""
+    published watermark, and the head's latest watermark told, are those of its entries and then the cursors handed
+    as events of their own. How many tables and head events it took may differ: the rig answers the engine's requests
+    between two events, and a snapshot cut after an answer states a later position than one cut between its entries
+    (a take-over from it tells the head's watermark there again). Every one told is the fold of the log."""
 
     def published(steps: list[Step]) -> tuple[Run, list[object]]:
         seen: list[object] = []
 
         def look(world: World) -> None:
             latest = {e.subscription: (e.event_time, e.position) for _, e in world.tables}
-            seen.append((latest, [(h.position, h.watermark) for h in world.head_watermarks]))
+            seen.append((latest, world.head_watermarks[-1].watermark if world.head_watermarks else None))
 
         return play(steps, interval=interval, limit=limit, after_each=look), seen
 
@@ -217,7 +223,7 @@ def test_an_answer_handed_as_one_event_publishes_what_its_entries_and_cursors_ha
     one_by_one, by_substep = published(unbatched(script))
     ends = list(itertools.accumulate(2 if step[0] == "report" else 1 for step in script))  # each step's last substep
     assert by_step == [by_substep[end - 1] for end in ends]
-    check_every_value_published(batched.world)
+    check_every_value_published(batched.world)  # tables and head watermarks
     assert final_values(batched) == final_values(one_by_one)
 
 
