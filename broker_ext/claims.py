@@ -328,9 +328,9 @@ class Claims:
         topic is a group's, and a generator following other topics of the group holds it and publishes those only."""
         if claim.asking != attempt or claim.warned or self._claims.get(claim.companion) is not claim:
             return
-        others = sorted(m for m in self._members if not any(t in self._members[m] for t in claim.topics))
         if self._rank(claim) != [self._instance_id]:
             return  # a standby: another generator follows these topics and holds the claim by design
+        others = sorted(self._members)  # none of them follows our topics (the rank): one of them holds the claim
         claim.warned = True
         log.warning(
             "%s: waiting %.0f s for its claim, and no other generator follows %s: one following other topics of its "
