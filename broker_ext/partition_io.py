@@ -379,12 +379,11 @@ class PartitionIO:
             entries = (*entries, EntryRead(scanned, stretch=(("", 0, 0),)))
         if entries and entries[-1].position > self._last_position:
             self._last_position, self._last_message = entries[-1].position, None
-        marker_read = any(e.raw is not None and e.raw.kind != MarkerKind.W_SNAPSHOT.value for e in entries)
         if cursors is not None:
-            self.handle(Reported(entries, cursors), marker_read=marker_read)
+            self.handle(Reported(entries, cursors), marker_read=any(map(_marker_read, entries)))
             return True
         for entry in entries:
-            self.handle(entry, marker_read=entry.raw is not None and entry.raw.kind != MarkerKind.W_SNAPSHOT.value)
+            self.handle(entry, marker_read=_marker_read(entry))
         return False
 
     def _watch_intake(self, lag: int) -> None:
@@ -709,6 +708,11 @@ def _up_to(partition: int, position: Position) -> pulsar.MessageId | None:
     if batch < 0 or batch == LAST_BATCH_INDEX:  # a message alone, or all the entry was read
         return pulsar.MessageId(partition, ledger, entry, -1)
     return pulsar.MessageId(partition, ledger, entry - 1, -1) if entry > 0 else None
+
+
+def _marker_read(entry: EntryRead) -> bool:
+    """Whether the entry is a marker other than our snapshots (it arms the admin path's fast poll)."""
+    return entry.raw is not None and entry.raw.kind != MarkerKind.W_SNAPSHOT.value
 
 
 def _close(closable: pulsar.Consumer | pulsar.Producer) -> None:
