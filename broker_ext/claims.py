@@ -12,15 +12,17 @@ another broker and another instance reconnected first) sees it disconnected at t
 topic up and asks again, behind the new holder.
 
 Who asks first: every instance holds a producer named after it on the members topic (`__wm_generators` in the
-watermark namespace) and reads that topic's producers every `MEMBERS_EVERY_S`. The instances ranked for a topic
-by a hash of the topic and their names (rendezvous hashing), the first asks at once and the k-th `k *
+watermark namespace) and reads that topic's producers every `MEMBERS_EVERY_S`. The instances ranked for a claim
+by a hash of the companion topic and their names (rendezvous hashing), the first asks at once and the k-th `k *
 HOLD_OFF_S` later, so the topics spread evenly over instances that start together, and the next in rank is the
 standby (its request is next in Pulsar's queue). With several brokers, an instance asks at once for the topics
-of its own broker (the first of its admin URLs), so with one generator per broker each tends to own its
-broker's topics. Each member's producer carries what it follows (its properties), so an instance ranks only
-among those that follow the topic; an owner that is not first in rank hands the topic over (releases its claim
-and asks again after its hold-off) once the first has been a member for `REBALANCE_AFTER_S`, so an instance
-that joins later gets its share.
+of its own broker (the first of its admin URLs), so with one generator per broker each tends to own its broker's
+topics. Each member's producer carries what it follows (its properties), so an instance ranks only among those
+that follow a topic of the claim's group. The holder follows every topic of its groups that another member
+follows (`adoptions`), as nobody else can publish them meanwhile: generators that follow different topics of one
+namespace do not starve each other's topics of a group. An owner that is not first in rank hands the topic over
+(releases its claim and asks again after its hold-off) once the first has been a member for `REBALANCE_AFTER_S`,
+so an instance that joins later gets its share.
 
 Runs on the event loop's thread; the client's answers are posted to it. No consumer and no timer per topic:
 one check of every held producer every `CHECK_S`, and a request waiting in Pulsar's queue costs nothing
@@ -46,7 +48,7 @@ from broker_ext.dispatch import BATCH_DELAY_MS
 from broker_ext.loop import EventLoop
 from broker_ext.ownership import CLAIM_PRODUCER_PREFIX
 from pulsar_access.admin import AdminError, PulsarAdmin
-from pulsar_access.topics import watermark_namespace, watermark_topic_for
+from pulsar_access.topics import TopicName, watermark_namespace, watermark_topic_for
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,7 @@ again: a standby re-asks each topic about once an hour, not every few seconds.""
 HOLD_OFF_S = 1.0
 """The k-th instance in a topic's rank asks for its claim this much times k later than the first."""
 STARVED_S = 30.0
-"""A request unanswered this long, with no other generator following the claim's topics, is warned about (`_ask`)."""
+"""A request unanswered this long, with no member following a topic of the claim's group, is warned about (`_ask`)."""
 MEMBERS_TOPIC = "__wm_generators"
 MEMBER_PREFIX = "__wm_member-"
 MEMBERS_EVERY_S = 5.0
@@ -91,6 +93,19 @@ class Follows:
             return frozenset(part for part in value.split(",") if part)
 
         return cls(split(properties.get("namespaces", "")), split(properties.get("topics", "")))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def companion_of(base_topic: str, namespace: str | None) -> str:
+    """`watermark_topic_for`, cached: discovery asks it of every topic of an adopted namespace at every look."""
+    return watermark_topic_for(base_topic, namespace)
+
+
+def shares(follows: Follows, claim: Claim, namespace: str | None) -> bool:
+    """Whether a generator following `follows` follows a topic of the claim's group (any of it, not only ours)."""
+    return any(topic in follows for topic in claim.topics) or any(
+        companion_of(topic, namespace) == claim.companion for topic in follows.topics
+    )
 
 
 def rank(companion: str, instance_id: str, members: set[str]) -> int:
@@ -155,8 +170,11 @@ class Claims:
         """Holds this instance's member producer (a client with a short operation timeout: the pool's thread waits)."""
         self._follows = follows
         self._members: dict[str, Follows] = {}
-        """The other instances with a producer on the members topic and what each follows, as read last (loop
-        thread)."""
+        """The other instances with a producer on the members topic and what each follows, as read last (set on the
+        loop thread, replaced whole: discovery's thread reads it)."""
+        self._held: dict[str, str] = {}
+        """The companion topics whose claims are held, with their topics' namespace (`tenant/ns`); replaced whole on
+        the loop thread, read by discovery's (`adoptions`)."""
         self._joined: dict[str, float] = {}
         """When each member was first seen."""
         self._member: pulsar.Producer | None = None
@@ -206,9 +224,38 @@ class Claims:
         self._hand_over_where_not_first(now)
 
     def _rank(self, claim: Claim) -> list[str]:
-        """The instances following any of the claim's topics (this one too), in the order they ask for it."""
-        following = {m for m, f in self._members.items() if any(topic in f for topic in claim.topics)}
+        """The instances following a topic of the claim's group (this one too), in the order they ask for it."""
+        following = {m for m, f in self._members.items() if shares(f, claim, self._namespace)}
         return ranked(claim.companion, following | {self._instance_id})
+
+    def adoptions(self) -> Follows:
+        """What this instance follows for other members (on discovery's thread): of each group whose claim it holds,
+        the topics another member names and the namespaces another member follows (`adopts` says which of their
+        topics are of a held group)."""
+        held, members = self._held, self._members
+        if not held:
+            return Follows()
+        namespaces = set(held.values())
+        return Follows(
+            frozenset(n for f in members.values() for n in f.namespaces if n in namespaces) - self._follows.namespaces,
+            frozenset(t for f in members.values() for t in f.topics
+                      if companion_of(t, self._namespace) in held and t not in self._follows),
+        )  # fmt: skip
+
+    def adopts(self, base_topic: str) -> bool:
+        """Whether this instance follows the topic for other members: its group's claim is held here, we do not
+        follow it ourselves, and a member does (any thread)."""
+        return (
+            companion_of(base_topic, self._namespace) in self._held
+            and base_topic not in self._follows
+            and any(base_topic in f for f in self._members.values())
+        )
+
+    def _holding_changed(self) -> None:
+        self._held = {
+            c.companion: TopicName.parse(next(iter(c.topics))).tenant_namespace
+            for c in self._claims.values() if c.producer is not None and c.topics
+        }  # fmt: skip
 
     def _hand_over_where_not_first(self, now: float) -> None:
         """Release the held claims whose first in rank is another instance, a member long enough to follow the
@@ -324,20 +371,18 @@ class Claims:
                            lambda: self._still_waiting(claim, attempt))  # fmt: skip
 
     def _still_waiting(self, claim: Claim, attempt: int) -> None:
-        """Say once why a claim that no other generator here could hold for our topics is not granted: the companion
-        topic is a group's, and a generator following other topics of the group holds it and publishes those only."""
+        """Say once why a claim that no member could hold is not granted: a generator that is not a member holds it
+        (its member producer failed, an older version), and it may publish none of our topics."""
         if claim.asking != attempt or claim.warned or self._claims.get(claim.companion) is not claim:
             return
         if self._rank(claim) != [self._instance_id]:
-            return  # a standby: another generator follows these topics and holds the claim by design
-        others = sorted(self._members)  # none of them follows our topics (the rank): one of them holds the claim
+            return  # a standby: the member holding the claim publishes our topics too (`adoptions`)
         claim.warned = True
         log.warning(
-            "%s: waiting %.0f s for its claim, and no other generator follows %s: one following other topics of its "
-            "group (%s) holds it, and publishes their watermarks only. Generators that publish in one watermark "
-            "namespace must follow the same topics of each namespace (docs/OPERATIONS.md); give the others their own "
-            "--watermark-namespace, or the same --namespace / --topic list", claim.companion, STARVED_S,
-            _named(claim.topics), ", ".join(others) or "not a member now",
+            "%s: waiting %.0f s for its claim, and no generator following a topic of its group is a member (on %s): "
+            "one that is not a member holds it and may not publish %s. Look for a generator, publishing in this "
+            "watermark namespace, whose log says that joining the generators failed, or of an older version",
+            claim.companion, STARVED_S, self._members_topic, _named(claim.topics),
         )  # fmt: skip
 
     def _answered(self, claim: Claim, attempt: int, result: object, producer: Any) -> None:
@@ -360,6 +405,7 @@ class Claims:
         claim.producer = wrapped = pulsar.Producer()  # as `pulsar.Client.create_producer` wraps the binding's
         wrapped._producer, wrapped._schema = producer, pulsar.schema.BytesSchema()
         wrapped._client = self._client._client
+        self._holding_changed()
         log.info("%s: claimed (this generator holds its producer): owning %s", claim.companion,
                  _named(claim.topics))  # fmt: skip
         self._gained(claim.companion, frozenset(claim.topics), wrapped)
@@ -388,6 +434,7 @@ class Claims:
         if producer is not None:
             with contextlib.suppress(Exception):
                 producer._producer.close_async(lambda _result: None)
+        self._holding_changed()
         self._lost(claim.companion, frozenset(claim.topics))
 
 

@@ -79,6 +79,7 @@ class GeneratorService:
             by_claim=config.ownership == "claim",
             fenced=lambda companion: self.claims.fenced(companion) if self.claims is not None else None,
         )
+        self.follows = Follows(frozenset(config.namespaces), frozenset(full_name(t) for t in config.topics))
         self.claims: Claims | None = None
         """By claim (`--ownership claim`): which topics this instance owns (broker_ext/claims.py), on a client of its
         own whose operation timeout is how long a request waits in Pulsar's queue."""
@@ -86,8 +87,7 @@ class GeneratorService:
             self.claims = Claims(
                 self.settings.client(operation_timeout_seconds=WAIT_S), self.loop, config.instance_id,
                 config.watermark_namespace, gained=self._claim_gained, lost=self._claim_lost, admin=self.admin,
-                pool=self.admin_pool, members_client=self.client,
-                follows=Follows(frozenset(config.namespaces), frozenset(full_name(t) for t in config.topics)),
+                pool=self.admin_pool, members_client=self.client, follows=self.follows,
             )  # fmt: skip
         self.poller = CursorPoller(
             self.loop, self.admin, self.admin_pool, poll_interval_s=config.poll_interval_s,
@@ -121,24 +121,32 @@ class GeneratorService:
         self._last_failure_log = 0.0
 
     def partition_topics(self) -> set[str]:
-        """Every partition (or non-partitioned topic) the configuration names, as it is now."""
+        """Every partition (or non-partitioned topic) the configuration names, as it is now, and by claim those
+        followed for other generators (the topics of our claims' groups that they follow, broker_ext/claims.py)."""
+        found = self._listed(self.follows, warn=True)
+        if self.claims is not None and (adopted := self.claims.adoptions()) != Follows():
+            claims = self.claims
+            found |= {t for t in self._listed(adopted, warn=False) if claims.adopts(t.split("-partition-")[0])}
+        return {t for t in found if is_followable(t, self.config.watermark_namespace)}
+
+    def _listed(self, follows: Follows, *, warn: bool) -> set[str]:
+        """The partitions of the namespaces and topics; a topic not created yet is warned about (`warn`) and followed
+        once it is, the other topics are not held up."""
         found: set[str] = set()
-        for namespace in self.config.namespaces:
+        for namespace in sorted(follows.namespaces):
             found.update(self.admin.list_topics(namespace))
-        for topic in self.config.topics:
-            name = full_name(topic)
+        for name in sorted(follows.topics):
             try:
                 partitions = self.admin.partitions(name)
             except TopicNotFound:
-                # not created yet: followed once it is; the other topics are not held up
-                if name not in self._missing_topics:
+                if warn and name not in self._missing_topics:
                     self._missing_topics.add(name)
                     log.warning("topic %s (from --topic / WM_TOPICS) does not exist at %s; it is followed once "
                                 "created (check the name if it never is)", name, self.settings.admin_url)  # fmt: skip
                 continue
             self._missing_topics.discard(name)
             found.update(partition_names(name, partitions))
-        return {t for t in found if is_followable(t, self.config.watermark_namespace)}
+        return found
 
     def sync_partitions(self) -> None:
         """Follow new partitions, drop those of deleted topics (on the loop), subscribe where that failed."""
@@ -152,8 +160,11 @@ class GeneratorService:
         self._follow(wanted)
         # a topic followed since the list was asked for (a plugin announced it) is not in it yet, not gone
         for topic in sorted(t for t in self.partitions.keys() - wanted if self._followed_at.get(t, 0.0) < listed_at):
-            log.info("%s is gone; no longer following it", topic)
             gone = self._unfollow(topic)
+            if gone.base_topic in self.follows:
+                log.info("%s is gone; no longer following it", topic)
+            else:  # followed for another generator while we held its group's claim
+                log.info("%s: another generator holds its group's claim now; no longer following it", topic)
             gone.close()
             if gone.base_topic not in self._of_base:
                 self.dispatcher.forget(gone.base_topic)
@@ -194,6 +205,8 @@ class GeneratorService:
         return len(bases) > 1 and self.cursors.served_by(partition) == bases[0]
 
     def _claim_gained(self, companion: str, topics: frozenset[str], producer: pulsar.Producer) -> None:
+        if self.claims is not None and self.claims.adoptions() != Follows():
+            self._discover_now.set()  # the group's topics other generators follow are ours to publish now
         self.dispatcher.claimed(companion, producer)
         for base_topic in topics:
             for partition in list(self._of_base.get(base_topic, {}).values()):
@@ -259,14 +272,14 @@ class GeneratorService:
         return sorted(set(self.config.namespaces) | of_topics)
 
     def _fresh_topics(self, topics: list[str]) -> None:
-        """A broker's plugin saw a producer or consumer on topics no generator follows (on the loop): follow those
-        that are ours (in a namespace or of a topic we follow) at once, so a new topic's first watermark waits for
-        no look at the topic list; the next look, soon after, confirms them."""
-        namespaces = set(self.config.namespaces)
-        named = {full_name(t) for t in self.config.topics}
+        """A broker's plugin saw a producer or consumer on topics no generator follows (on the loop): follow those that
+        are ours (in a namespace or of a topic we follow, or that we follow for another generator) at once,
+        so a new topic's first watermark waits for no look at the topic list; the next look, soon after,
+        confirms them."""
+        claims = self.claims
         ours = {
             t for t in topics
-            if (TopicName.parse(t).tenant_namespace in namespaces or t.split("-partition-")[0] in named)
+            if ((base := t.split("-partition-")[0]) in self.follows or (claims is not None and claims.adopts(base)))
             and is_followable(t, self.config.watermark_namespace)
         }  # fmt: skip
         if ours:

@@ -104,3 +104,51 @@ def test_a_claiming_generator_follows_a_partitioned_topic_without_consumers(
         gen.stop()
     consumer.close()
     producer.close()
+
+
+def _two_topics_of_one_group(namespace: str) -> tuple[str, str]:
+    """Two topics whose tables share a companion topic (a group's), so one claim covers both."""
+    first = f"persistent://{namespace}/group-a"
+    companion = watermark_topic_for(first)
+    second = next(
+        name for i in range(1000) if watermark_topic_for(name := f"persistent://{namespace}/group-b{i}") == companion
+    )
+    return first, second
+
+
+def test_generators_following_different_topics_of_one_group_publish_both_whoever_holds_its_claim(
+    pulsar_settings: PulsarSettings, pulsar_client: pulsar.Client, admin: PulsarAdmin, namespace: str, tmp_path: Path
+) -> None:
+    """Found by chaos (session 32): a claim is a group's, so the generator holding it while following only the
+    other topic of the group published that one, and ours waited for the claim without end. The holder publishes
+    every topic of its group that a member follows; killed, the other one takes the claim and both topics over."""
+    topics = _two_topics_of_one_group(namespace)
+    gens = [
+        GeneratorProcess(pulsar_settings, tmp_path / f"gen-{i}.log", f"group-{i}-{uuid.uuid4().hex[:4]}",
+                         WM_TOPICS=topic, WM_OWNERSHIP="claim").start()
+        for i, topic in enumerate(topics)
+    ]  # fmt: skip
+    recorders = [Recorder() for _ in topics]
+    consumers = [WatermarkConsumer(pulsar_client, t, "sub", listener=r) for t, r in zip(topics, recorders, strict=True)]
+    producers = [WatermarkProducer(pulsar_client, t, producer_name=f"p-{i}") for i, t in enumerate(topics)]
+
+    def both_move_to(times: tuple[int, int], by: str) -> None:
+        for time_ms, producer in zip(times, producers, strict=True):
+            producer.new_watermark().event_time(time_ms).send()
+            producer.send(b"x", event_timestamp=time_ms)
+        wait_until(lambda: [watermarks(r)[-1:] for r in recorders] == [[t] for t in times], timeout_s=40,
+                   what=f"watermarks {times} of the two topics from {by}")  # fmt: skip
+
+    try:
+        both_move_to((100, 200), "whichever holds the claim")
+        victim = next(g for g in gens if g.instance_id == owner_of(admin, topics[0]))
+        victim.kill()
+        both_move_to((300, 400), "the other generator")
+        assert owner_of(admin, topics[1]) == next(g for g in gens if g is not victim).instance_id
+    finally:
+        for gen in gens:
+            gen.stop()
+        for consumer in consumers:
+            consumer.close()
+        for producer in producers:
+            producer.close()

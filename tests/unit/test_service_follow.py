@@ -6,6 +6,7 @@ partitions are followed, on what would be the loop's thread.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 
@@ -132,3 +133,41 @@ def test_a_head_handed_with_its_partitions_table_rides_on_it_without_waiting(ser
     assert len(producer.sent) == 3
     assert decode_table_with_heads(producer.sent[-1]) == (list(table.events), [waiting, riding])
     assert not any(key[0] == "head" for key in service.loop._due), service.loop._due  # no head timer left
+
+
+def test_a_topic_of_a_held_group_another_generator_follows_is_followed_then_let_go_with_the_claim(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Found by chaos (session 32): generators following different topics of one group (one companion topic, one
+    claim) starved each other's. The holder follows the group's topics another member follows, as soon as it holds
+    the claim (a look at the topic list at once), and lets them go once it loses the claim."""
+    import pulsar
+
+    from broker_ext.claims import Follows
+    from pulsar_access.topics import watermark_topic_for
+
+    mine = "persistent://acme/orders/t-1"
+    group = watermark_topic_for(mine)
+    theirs = next(t for i in range(1000) if watermark_topic_for(t := f"persistent://acme/orders/u-{i}") == group)
+    config = GeneratorConfig(topics=(mine,), cursor_source="admin", metrics_port=0)
+    service = GeneratorService(config, PulsarSettings("pulsar://127.0.0.1:1", "http://127.0.0.1:1"))
+    try:
+        claims = service.claims
+        assert claims is not None
+        claims._members = {"b": Follows(frozenset(), frozenset({theirs}))}
+        service._follow({mine})
+        service._fresh_topics([theirs])
+        assert theirs not in service.partitions  # the claim is not ours: b publishes it
+        claim = claims._claims[group]
+        claim.asking = 1
+        claims._answered(claim, 1, pulsar.Result.Ok, _Sending())  # Pulsar grants us the group's claim
+        assert service._discover_now.is_set()  # the topic list is looked at now, for the topics to follow for b
+        service._fresh_topics([theirs])
+        assert service.partitions[theirs].claimed and service.partitions[mine].claimed
+        claims.fenced(group)  # b holds the claim now
+        with caplog.at_level(logging.INFO, logger="broker_ext.service"):
+            service._sync({mine}, time.monotonic())  # the next look lists it no more
+        assert set(service.partitions) == {mine}
+        assert "another generator holds its group's claim" in caplog.text, caplog.text
+    finally:
+        service.close()
