@@ -18,8 +18,9 @@ one is skipped, counted and logged once.
 A companion topic may carry the events of a group of topics (issue 47). A consumer's feed reads it
 through one reader per client and companion topic (`shared=True`), shared by every feed of that client
 whose topic's events go there: the reader keeps the latest event of each key, so a feed that comes later
-starts from those, as if it read the compacted topic now. The Spark source keeps a reader of its own per
-topic (it keeps every head event it reads, not only the latest).
+starts from those, as if it read the compacted topic now. The Spark source keeps every head event it reads,
+not only the latest: the topics it starts following together share a reader of their own (`scope`), joined by
+all of them before it reads anything.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class CompanionReader:
     never quiet, and the consumer waited for good (issue 34, fault 2). `subscription`: `on_table` gets only that
     subscription's events, and the others of a table are not decoded (a consumer's feed). `shared`: read through
     the client's one reader of the companion topic (`_CompanionThread`; the thread is named after the companion
-    topic, not `thread_name`).
+    topic, not `thread_name`), or the one of `scope` (an object of the caller's: the readers that join it before
+    any reads get everything from the topic's start).
     """
 
     def __init__(
@@ -90,6 +92,7 @@ class CompanionReader:
         thread_name: str | None = None,
         subscription: str | None = None,
         shared: bool = False,
+        scope: object = None,
     ) -> None:
         self.topic = base_topic_and_partition(topic)[0]
         self._subscription = subscription
@@ -100,8 +103,10 @@ class CompanionReader:
         self.inbox: list[pulsar.Message] = []
         """What the reading thread read for it and it has not handled yet (under the thread's lock)."""
         self.started = False
+        self.scope = scope
+        """Held while the reader is: its `id` names the shared thread, and is not reused meanwhile."""
         name = thread_name or f"wm-companion-{self.topic}"
-        self._thread = _CompanionThread.join(client, watermark_topic_for(topic), self, shared, name)
+        self._thread = _CompanionThread.join(client, watermark_topic_for(topic), self, shared, name, scope)
 
     def catch_up(self) -> None:
         """Handle what is already there (read for at most `CATCH_UP_LIMIT_S`), on the caller's thread."""
@@ -159,6 +164,8 @@ class _CompanionThread:
     shared: bool
     thread_name: str
     reader: pulsar.Reader
+    key: tuple[int, str, int]
+    """Its place in the registry, when `shared`: the client, the companion topic and the scope."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     readers: dict[str, list[CompanionReader]] = field(default_factory=dict)
     """The joined readers, by topic (under `lock`)."""
@@ -173,22 +180,29 @@ class _CompanionThread:
     thread: threading.Thread | None = None
     next_check: float = 0.0
 
-    _registry: ClassVar[dict[tuple[int, str], _CompanionThread]] = {}
+    _registry: ClassVar[dict[tuple[int, str, int], _CompanionThread]] = {}
     _registry_lock: ClassVar[threading.Lock] = threading.Lock()
 
     @classmethod
     def join(
-        cls, client: pulsar.Client, companion: str, joining: CompanionReader, shared: bool, thread_name: str
+        cls,
+        client: pulsar.Client,
+        companion: str,
+        joining: CompanionReader,
+        shared: bool,
+        thread_name: str,
+        scope: object = None,
     ) -> _CompanionThread:
-        """The thread `joining` reads through (the client's one for the companion topic when `shared`)."""
-        key = (id(client), companion)
+        """The thread `joining` reads through (when `shared`, the one for the companion topic of the client and
+        `scope`)."""
+        key = (id(client), companion, id(scope))
         with cls._registry_lock:
             reading = cls._registry.get(key) if shared else None
             if reading is None:
                 with explained(service_url=service_url_of(client), topic=companion, doing="read the watermarks from"):
                     reader = client.create_reader(companion, pulsar.MessageId.earliest, is_read_compacted=True)
                 name = f"wm-companion-{companion}" if shared else thread_name
-                reading = cls(client, companion, shared, name, reader)
+                reading = cls(client, companion, shared, name, reader, key)
                 if shared:
                     cls._registry[key] = reading
             with reading.lock:
@@ -215,8 +229,8 @@ class _CompanionThread:
                 if not joined:
                     self.readers.pop(leaving.topic, None)
                 last = not self.readers
-            if last and self.shared and self._registry.get((id(self.client), self.companion)) is self:
-                del self._registry[(id(self.client), self.companion)]
+            if last and self.shared and self._registry.get(self.key) is self:
+                del self._registry[self.key]
         if last:
             self._close()
         elif threading.current_thread() is not self.thread and self.delivering.acquire(timeout=5):

@@ -116,11 +116,11 @@ class KnownWatermarks:
 class CompanionFollower:
     """Reads the companion topics of the topics a query reads, into a `KnownWatermarks`.
 
-    One `CompanionReader` (pulsar_access/companion.py, shared with the consumer's feed) per companion
-    topic, from its start: compaction keeps the latest table and head event of each partition, and
-    everything after them follows as it is published. Tables and head events are both facts here, those
-    about the topic's current incarnation (`incarnations`: the driver's reads the property, and forgets a
-    partition whose incarnation changes, `KnownWatermarks.reset`).
+    A `CompanionReader` (pulsar_access/companion.py, shared with the consumer's feed) per topic, those of one
+    `follow` reading each companion topic once, from its start: compaction keeps the latest table and head event
+    of each partition, and everything after them follows as it is published. Tables and head events are both
+    facts here, those about the topic's current incarnation (`incarnations`: the driver's reads the property,
+    and forgets a partition whose incarnation changes, `KnownWatermarks.reset`).
     """
 
     def __init__(self, client: pulsar.Client, known: KnownWatermarks, incarnations: Incarnations | None = None) -> None:
@@ -135,15 +135,17 @@ class CompanionFollower:
         return sum(int(reader.malformed_events) for reader in self._readers.values())
 
     def follow(self, topics: Iterable[str]) -> None:
-        """Also follow these (full, base) topics; reads what their companion topics hold before returning."""
-        for topic in topics:
-            if topic in self._readers:
-                continue
-            reader = CompanionReader(
-                self._client, topic, self._incarnations, on_table=self._on_table, on_head=self._on_head,
-                thread_name=f"wm-head-{topic}",
-            )  # fmt: skip
-            self._readers[topic] = reader
+        """Also follow these (full, base) topics; reads what their companion topics hold before returning. Those
+        whose tables share a companion topic (a group's) share one reader of it, joined before it reads anything,
+        so each gets everything from the topic's start."""
+        scope = object()  # this call's: topics followed later read their companion topics from the start again
+        fresh = {
+            topic: CompanionReader(self._client, topic, self._incarnations, on_table=self._on_table,
+                                   on_head=self._on_head, shared=True, scope=scope)
+            for topic in topics if topic not in self._readers
+        }  # fmt: skip
+        self._readers.update(fresh)
+        for reader in fresh.values():
             reader.catch_up()
             reader.start()
 

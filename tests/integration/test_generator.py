@@ -796,3 +796,31 @@ def test_a_deleted_and_recreated_topic_starts_without_the_old_watermark_for_cons
         consumer.close()
         new.close()
         gen.stop()
+
+
+def test_the_spark_sources_follower_reads_a_groups_companion_topic_once_for_the_topics_it_starts_with(
+    generator: GeneratorProcess, pulsar_client: pulsar.Client, topic: str
+) -> None:
+    """A companion topic carries the tables of a group of topics (issue 47); a query reading several of them read it
+    once per topic, with a reader and a thread each. The topics it starts following together share one."""
+    from pulsar_access.topics import full_name, watermark_topic_for
+    from spark_sink.watermarks import CompanionFollower, KnownWatermarks
+
+    first = full_name(topic)
+    second = next(t for i in range(1000) if watermark_topic_for(t := f"{first}-{i}") == watermark_topic_for(first))
+    producers = [WatermarkProducer(pulsar_client, t, producer_name=f"group-{i}") for i, t in enumerate((first, second))]
+    known = KnownWatermarks()
+    follower = CompanionFollower(pulsar_client, known)
+    before = {thread.ident for thread in threading.enumerate()}
+    try:
+        for time_ms, producer in zip((100, 200), producers, strict=True):
+            producer.new_watermark().event_time(time_ms).send()  # its head event: published with nobody acknowledging
+        follower.follow([first, second])
+        wait_until(lambda: [known.watermark({(t, -1): (2**62, 0)}) for t in (first, second)] == [100, 200],
+                   what="both topics' head watermarks at the follower")  # fmt: skip
+        started = [thread.name for thread in threading.enumerate() if thread.ident not in before]
+        assert len(started) == 1, started
+    finally:
+        follower.close()
+        for producer in producers:
+            producer.close()
