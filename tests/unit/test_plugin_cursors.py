@@ -569,3 +569,70 @@ def test_snapshots_are_written_by_the_plugin_that_reports_the_topic_and_an_older
     _run_posted(cursors)
     assert done[0][1] is None and "404" in done[0][2]
     assert not cursors.write_snapshot(partition, "g", b"s4", lambda w, f: done.append(("t", w, f)))
+
+
+def _marker_found(entry: int) -> dict[str, Any]:
+    """The plugin's intake of one topic: a `W_SET` at (5, entry)."""
+    import base64
+
+    from watermark_core.protocol import encode_set
+
+    marker = {"marker": "W_SET", "at": [5, entry, -1], "producer": "P", "publishTime": 1, "txn": False,
+              "payload": base64.b64encode(encode_set(1_000)).decode()}  # fmt: skip
+    return {"found": [marker], "scannedTo": [5, entry], "overflowed": False}
+
+
+def _answer(seq: int, topics: dict[str, Any], gone: list[str] | None = None) -> dict[str, Any]:
+    return {"epoch": "e", "seq": seq, "full": False, "topics": topics, "gone": gone or []}
+
+
+def _taking() -> tuple[PluginCursors, Any, list[Any]]:
+    """Plugin cursors with the intake, and a partition that takes findings with their cursors (what it was handed)."""
+    cursors, partition, handed = _cursors(), _partition(), []
+    cursors.intake = True
+    partition.intake = _recording(handed, with_cursors=True)
+    cursors.add(partition)
+    return cursors, partition, handed
+
+
+def test_a_marker_reported_before_anyone_acknowledged_it_goes_with_the_cursors_of_the_next_report() -> None:
+    """Session 33: the plugin reports a marker as soon as it is written, before a subscription could acknowledge
+    it, so in the burst every `W_SET` took two turns of the engine (its marker, then the cursors past it), 1 in
+    4000 together. The marker now waits for the next report of its topic and goes with that report's cursors."""
+    cursors, partition, handed = _taking()
+    cursors._answered(B1, _answer(1, {T0: {**_report(2), "intake": _marker_found(3)}}))
+    assert handed == [] and partition.told == []  # nobody has acknowledged it yet: it waits
+    cursors._answered(B1, _answer(2, {T0: _report(3)}))  # the acknowledgement
+    report, polled = handed
+    assert [e.position[:2] for e in report.entries] == [(5, 3)] and report.scanned_to == (5, 3)
+    assert polled.subscriptions == {"app": (5, 3)} and partition.told == []
+
+
+def test_a_marker_nobody_acknowledges_goes_alone_after_a_while_and_one_acknowledged_or_unread_goes_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from broker_ext.intake import plugin_cursors
+
+    cursors, _, handed = _taking()
+    cursors._answered(B1, _answer(1, {T0: {**_report(2), "intake": _marker_found(3)}}))
+    at, _, hand = cursors.loop._due[("plugin-ack-wait",)]
+    assert handed == [] and 0 < at - time.time() <= plugin_cursors.ACK_WAIT_S
+    monkeypatch.setattr(plugin_cursors.time, "time", lambda: at)
+    hand()  # `ACK_WAIT_S` later, no report of the topic came
+    report, polled = handed
+    assert [e.position[:2] for e in report.entries] == [(5, 3)] and polled.subscriptions == {"app": (5, 2)}
+    handed.clear()
+    cursors._answered(B1, _answer(2, {T0: {**_report(4), "intake": _marker_found(4)}}))  # acknowledged already
+    assert len(handed) == 2
+    handed.clear()
+    unread = {**_report(4), "cursors": {"__wm_generator": [5, 2]}, "intake": _marker_found(5)}  # no subscription
+    cursors._answered(B1, _answer(3, {T0: unread}))
+    assert len(handed) == 2
+
+
+def test_a_marker_waiting_for_its_acknowledgement_is_handed_before_its_topic_leaves_the_broker() -> None:
+    cursors, _, handed = _taking()
+    cursors._answered(B1, _answer(1, {T0: {**_report(2), "intake": _marker_found(3)}}))
+    cursors._answered(B1, _answer(2, {}, gone=[T0]))
+    report, _, gone = handed
+    assert [e.position[:2] for e in report.entries] == [(5, 3)] and gone is None  # then its consumer receives
