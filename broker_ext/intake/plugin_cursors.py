@@ -49,12 +49,6 @@ generator's Python CPU at 200 topics of one W_SET a second (docs/DECISIONS.md, s
 WRITE_GATHER_S = 0.5
 """How long snapshot records wait to go to a plugin together: a request per turn of the loop cost the generator about
 0.05 ms per `W_SET` in the burst, where each topic's periodic snapshot comes due at its own time."""
-ACK_WAIT_S = 0.05
-"""A marker the plugin found that no subscription has acknowledged yet waits this long at most for the next report of
-its topic, and goes to the engine with that report's cursors: one turn for the marker and the table, not two. The
-plugin reports a marker as soon as it is written, before anyone could acknowledge it: in the burst, 1 `W_SET` in
-4000 came with its acknowledgement (docs/DECISIONS.md, session 33). Its head event waits for that table anyway
-(broker_ext/dispatch.py `HeadPairing`)."""
 RETRY_MAX_S = 5.0
 _Item = TypeVar("_Item")
 LOST_AFTER_S = 3.0
@@ -77,26 +71,6 @@ class Pushed:
     owner: str | None
     incarnation: str | None
     """The topic property `wm.incarnation` (None: unset, or a plugin too old to report it)."""
-
-
-def awaits_acknowledgement(report: Mapping[str, Any], polled: CursorsPolled) -> bool:
-    """Whether a topic's report holds a marker (not a snapshot) that no subscription in it has acknowledged, while it
-    has subscriptions that may."""
-    if not polled.subscriptions:
-        return False
-    for found in reversed((report.get("intake") or {}).get("found") or ()):
-        if found.get("marker") not in (None, "W_SNAPSHOT"):
-            at = (int(found["at"][0]), int(found["at"][1]))
-            return all(position < at for position in polled.subscriptions.values())
-    return False
-
-
-def _joined(earlier: Mapping[str, Any] | None, later: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    """Two intake reports of one topic, in the order they came, as one."""
-    if earlier is None or later is None:
-        return earlier or later
-    return {"found": [*(earlier.get("found") or ()), *(later.get("found") or ())], "scannedTo": later.get("scannedTo"),
-            "overflowed": bool(earlier.get("overflowed") or later.get("overflowed"))}  # fmt: skip
 
 
 def cursors_from(report: Mapping[str, Any]) -> tuple[CursorsPolled, str | None]:
@@ -149,8 +123,6 @@ class PluginCursors:
         the polls tell of it until that answer comes is kept here, to be handed after it."""
         self._refetching: set[str] = set()
         """Brokers asked for everything they keep, the answer not in yet (loop thread)."""
-        self._unacknowledged: dict[str, tuple[str, Mapping[str, Any], float]] = {}
-        """Topic -> (broker, report, until when) of a report whose marker waits for the next report (`ACK_WAIT_S`)."""
         self._follows: dict[str, tuple[Followed, str]] = {}
         """Topic -> (partition, token offered) whose subscription a plugin is to make, sent at the end of the
         loop's turn (loop thread)."""
@@ -392,51 +364,21 @@ class PluginCursors:
             self.fresh(fresh)
         for topic, report in reported.items():
             polled, owner = cursors_from(report)
-            earlier = self._unacknowledged.pop(topic, None)
-            if earlier is not None:  # its findings first, then these: the cursors are this report's
-                report = {**report, "intake": _joined(earlier[1].get("intake"), report.get("intake"))}
-            elif self.intake and topic in self._followed and awaits_acknowledgement(report, polled):
-                self._wait_for_acknowledgement(broker, topic, report)
+            pushed = Pushed(broker, polled, owner, report.get("incarnation"))
+            self._pushed[topic] = pushed
+            partition = self._followed.get(topic)
+            found = report.get("intake")
+            if partition is None or partition.closed:
+                if found is not None:
+                    self._missed[topic] = []
                 continue
-            self._take(broker, topic, report, polled, owner)
-
-    def _take(
-        self, broker: str, topic: str, report: Mapping[str, Any], polled: CursorsPolled, owner: str | None
-    ) -> None:
-        """One topic's report: its findings and cursors to the partition, if we follow it."""
-        pushed = Pushed(broker, polled, owner, report.get("incarnation"))
-        self._pushed[topic] = pushed
-        partition = self._followed.get(topic)
-        found = report.get("intake")
-        if partition is None or partition.closed:
-            if found is not None:
-                self._missed[topic] = []
-            return
-        self.poller.pushed(partition, True)
-        if found is not None and self._hand_intake(broker, partition, owner, found, polled):
-            return  # the cursors went with the findings, as one event
-        if partition.owner or partition.wants_cursors:
-            self._deliver(partition, pushed)
-        elif owner == partition.consumer_name:
-            partition.named_owner(polled)  # the broker chose us; it delivers a second later
-
-    def _wait_for_acknowledgement(self, broker: str, topic: str, report: Mapping[str, Any]) -> None:
-        """Keep a report whose marker nobody acknowledged yet until the next report of its topic, or `ACK_WAIT_S`."""
-        until = time.time() + ACK_WAIT_S
-        if not self._unacknowledged:
-            self.loop.call_at(until, ("plugin-ack-wait",), self._hand_unacknowledged)
-        self._unacknowledged[topic] = (broker, report, until)
-
-    def _hand_unacknowledged(self) -> None:
-        """The reports whose `ACK_WAIT_S` is over, as they came (no later report of their topic came)."""
-        now = time.time()
-        for topic, (broker, report, until) in list(self._unacknowledged.items()):
-            if until <= now:
-                del self._unacknowledged[topic]
-                self._take(broker, topic, report, *cursors_from(report))
-        if self._unacknowledged:
-            first = min(until for _, _, until in self._unacknowledged.values())
-            self.loop.call_at(first, ("plugin-ack-wait",), self._hand_unacknowledged)
+            self.poller.pushed(partition, True)
+            if found is not None and self._hand_intake(broker, partition, owner, found, polled):
+                continue  # the cursors went with the findings, as one event
+            if partition.owner or partition.wants_cursors:
+                self._deliver(partition, pushed)
+            elif owner == partition.consumer_name:
+                partition.named_owner(polled)  # the broker chose us; it delivers a second later
 
     def _hand_intake(
         self, broker: str, partition: Followed, owner: str | None, found: Mapping[str, Any], cursors: CursorsPolled
@@ -521,10 +463,6 @@ class PluginCursors:
         """The broker no longer serves these topics (moved, unloaded, deleted, or it went away): admin reads
         follow them until a plugin reports them again."""
         for topic in topics:
-            waiting = self._unacknowledged.get(topic)
-            if waiting is not None and waiting[0] == broker:  # what it told before it let the topic go comes first
-                del self._unacknowledged[topic]
-                self._take(broker, topic, waiting[1], *cursors_from(waiting[1]))
             pushed = self._pushed.get(topic)
             if pushed is None or pushed.broker != broker:
                 continue  # another broker reports it since
