@@ -103,7 +103,8 @@ def companion_of(base_topic: str, namespace: str | None) -> str:
 
 def shares(follows: Follows, claim: Claim, namespace: str | None) -> bool:
     """Whether a generator following `follows` follows a topic of the claim's group (any of it, not only ours)."""
-    return any(topic in follows for topic in claim.topics) or any(
+    one = next(iter(claim.topics), None)  # a group is one namespace's: one of its topics tells a namespace followed
+    return (one is not None and one in follows) or any(
         companion_of(topic, namespace) == claim.companion for topic in follows.topics
     )
 
