@@ -40,6 +40,7 @@ from bench.common import (
 from bench.generator import FAST_ENV, Generator, new_namespace
 from bench.generator_scale import Latencies
 from bench.plain_floor import SUBSCRIPTION, TABLE, table_topic
+from bench.plugin_floor import GROUPS, group_topic
 from consumer.watermark_feed import WatermarkFeed
 from producer import WatermarkProducer
 from pulsar_access.admin import AdminError, PulsarAdmin
@@ -235,13 +236,15 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
                     calls[call] = calls.get(call, 0) + count - calls_before[call]
             gen.kill()
             gen = None
+            plugin_floor = (_plugin_floor(settings, client, broker, namespace, sent, jit_waits)
+                            if cursor_source == "auto" else None)  # fmt: skip
             for name in acking.names:  # the next round's window without a generator has no plugin following either
                 admin.delete_subscription(name, GENERATOR_SUBSCRIPTION)
             say(f"  round {number}, with it: broker {with_gen:.3f}, generator {gen_share:.3f} of a core over "
                 f"{wsets_with} W_SETs")  # fmt: skip
             floor = (_plain_floor(settings, client, admin, broker, namespace, acking.names, sent, jit_waits)
                      if cursor_source == "auto" else None)  # fmt: skip
-            rounds.append(_Round(without, with_gen, gen_share, wsets_with / BURST_MEASURE_S, floor))
+            rounds.append(_Round(without, with_gen, gen_share, wsets_with / BURST_MEASURE_S, floor, plugin_floor))
         stop.set()
         ticker.join()
         time.sleep(2)
@@ -313,6 +316,27 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
             f"({_listed(extra_ratio)}) are the medians of each round's generator figure over its plain client's "
             f"(ratios within a round: they hold on a slower or faster machine, where the figures in ms do not)",
         }
+    plugin_floors = [(r, r.plugin_floor, r.floor) for r in rounds if r.plugin_floor is not None and r.floor]
+    if plugin_floors:
+        path_ms = [cpu * 1000 / (wsets / BURST_MEASURE_S) for _, (cpu, _, wsets), _ in plugin_floors]
+        path_extra = [(path_broker - r.without) * 1000 / (wsets / BURST_MEASURE_S)
+                      for r, (_, path_broker, wsets), _ in plugin_floors]  # fmt: skip
+        path_ratio = [(cpu / w) / (plain / pw) for _, (cpu, _, w), (plain, _, pw) in plugin_floors]
+        path_extra_ratio = [e / ((fb - r.without) / (pw / BURST_MEASURE_S) * 1000)
+                            for e, (r, _, (_, fb, pw)) in zip(path_extra, plugin_floors, strict=True)]  # fmt: skip
+        figures |= {
+            "plugin_path_floor_cpu_ms_per_wset_burst": round(median(path_ms), 3),
+            "plugin_path_floor_over_plain_client_cpu_burst": round(median(path_ratio), 2),
+            "broker_extra_plugin_path_floor_over_plain_client_burst": round(median(path_extra_ratio), 2),
+            "plugin_path_floor_cpu_ms_per_wset_burst_how": f"the same run, each round right after its generator was "
+            f"stopped (the plugin still following its topics), the same W_SETs: a process doing only the messaging a "
+            f"generator fed by the plugin cannot avoid per W_SET (bench/plugin_floor.py: the plugin's long poll with "
+            f"the intake, one {len(TABLE)}-byte table per W_SET found sent with send_async, batched on {GROUPS} group "
+            f"topics a reader each follows, the __wm_generator cursor moved once a second; no fold), its CPU per "
+            f"W_SET ({_listed(path_ms)} ms), and its broker's extra over the same window ({_listed(path_extra)} ms); "
+            f"the two ratios are each round's over that round's plain client ({_listed(path_ratio)}; "
+            f"{_listed(path_extra_ratio)}): the lowest the generator's two ratios can be on this path",
+        }
     return suffixed(figures, cursor_source)
 
 
@@ -326,6 +350,8 @@ class _Round:
     rate: float
     """W_SETs a second while the generator was measured."""
     floor: tuple[float, float, int] | None
+    plugin_floor: tuple[float, float, int] | None
+    """bench/plugin_floor.py's window, as `floor`."""
 
 
 def _listed(values: list[float]) -> str:
@@ -337,23 +363,47 @@ def _plain_floor(settings: PulsarSettings, client: pulsar.Client, admin: PulsarA
     """bench/plain_floor.py on the burst's topics while the W_SETs go on: its CPU and the broker's (shares of a
     core) and the W_SETs sent meanwhile; a reader follows each of its table topics, as each feed follows a
     companion topic."""
-    topics = len(names)
-    readers = [client.create_reader(table_topic(namespace, "burst", i), pulsar.MessageId.latest,
-                                    reader_listener=lambda _reader, _message: None) for i in range(topics)]  # fmt: skip
+    try:
+        readers = [table_topic(namespace, "burst", i) for i in range(len(names))]
+        return _floor_window(settings, client, broker, ["bench.plain_floor", namespace, "burst", str(len(names))],
+                             readers, sent, jit_waits)  # fmt: skip
+    finally:
+        for name in names:  # a later round's plain client starts at the tail, not from this one's position
+            with contextlib.suppress(AdminError):
+                admin.delete_subscription(name, SUBSCRIPTION)
+
+
+def _plugin_floor(settings: PulsarSettings, client: pulsar.Client, broker: int, namespace: str, sent: list[int],
+                  jit_waits: list[float]) -> tuple[float, float, int]:  # fmt: skip
+    """bench/plugin_floor.py on the burst's topics, right after the generator (the plugin still follows them): like
+    `_plain_floor`, a reader on each of its group topics."""
+    readers = [group_topic(namespace, "burst", g) for g in range(GROUPS)]
+    return _floor_window(settings, client, broker, ["bench.plugin_floor", namespace, "burst"], readers, sent,
+                         jit_waits)  # fmt: skip
+
+
+def _floor_window(settings: PulsarSettings, client: pulsar.Client, broker: int, command: list[str],
+                  read: list[str], sent: list[int], jit_waits: list[float]) -> tuple[float, float, int]:  # fmt: skip
+    """Run a floor process (`python -m` `command`) with readers on the topics it writes (`read`) for one window:
+    its CPU and the broker's (shares of a core) and the W_SETs sent meanwhile."""
+    readers = [client.create_reader(topic, pulsar.MessageId.latest, reader_listener=lambda _reader, _message: None)
+               for topic in read]  # fmt: skip
     env = {**os.environ, "PULSAR_SERVICE_URL": settings.service_url, "PULSAR_ADMIN_URL": settings.admin_url}
-    floor = subprocess.Popen([sys.executable, "-m", "bench.plain_floor", namespace, "burst", str(topics)], env=env,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    floor = subprocess.Popen([sys.executable, "-m", *command], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)  # fmt: skip
     try:
         assert floor.stdout is not None
         if floor.stdout.readline().strip() != b"ready":
-            raise RuntimeError(f"bench.plain_floor did not start (exit code {floor.wait()})")
+            raise RuntimeError(f"{command[0]} did not start (exit code {floor.wait()})")
         time.sleep(BURST_WARMUP_S)
         jit_waits.append(wait_for_quiet_jit(broker))
         broker_cpu, own_cpu, wsets = broker_cpu_seconds(broker), process_cpu_seconds(floor.pid), sent[0]
         time.sleep(BURST_MEASURE_S)
         own_cpu = process_cpu_seconds(floor.pid) - own_cpu
         broker_cpu = broker_cpu_seconds(broker) - broker_cpu
-        say(f"  the plain client alone: {own_cpu / BURST_MEASURE_S:.3f} of a core, broker "
+        if floor.poll() is not None:
+            raise RuntimeError(f"{command[0]} stopped in its window (exit code {floor.returncode})")
+        say(f"  {command[0]} alone: {own_cpu / BURST_MEASURE_S:.3f} of a core, broker "
             f"{broker_cpu / BURST_MEASURE_S:.3f}, over {sent[0] - wsets} W_SETs")  # fmt: skip
         return own_cpu / BURST_MEASURE_S, broker_cpu / BURST_MEASURE_S, sent[0] - wsets
     finally:
@@ -361,9 +411,6 @@ def _plain_floor(settings: PulsarSettings, client: pulsar.Client, admin: PulsarA
         floor.wait()
         for reader in readers:
             reader.close()
-        for name in names:  # a later round's plain client starts at the tail, not from this one's position
-            with contextlib.suppress(AdminError):
-                admin.delete_subscription(name, SUBSCRIPTION)
 
 
 def _broker_ms_per_call(admin: PulsarAdmin, broker: int, topics: list[str], kind: str, calls: int = 600) -> float:
