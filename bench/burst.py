@@ -220,6 +220,8 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
             time.sleep(BURST_MEASURE_S)
             without = (broker_cpu_seconds(broker) - cpu) / BURST_MEASURE_S
             say(f"  round {number}, without a generator: broker {without:.3f} of a core over {sent[0] - wsets} W_SETs")
+            plugin_floor = (_plugin_floor(settings, client, broker, namespace, acking.names, sent, jit_waits)
+                            if cursor_source == "auto" else None)  # fmt: skip
             gen = Generator(settings, namespace, log_dir, generator_env(cursor_source))
             gen.wait_published(topics, within_s=300)
             time.sleep(BURST_WARMUP_S)
@@ -236,8 +238,6 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
                     calls[call] = calls.get(call, 0) + count - calls_before[call]
             gen.kill()
             gen = None
-            plugin_floor = (_plugin_floor(settings, client, broker, namespace, sent, jit_waits)
-                            if cursor_source == "auto" else None)  # fmt: skip
             for name in acking.names:  # the next round's window without a generator has no plugin following either
                 admin.delete_subscription(name, GENERATOR_SUBSCRIPTION)
             say(f"  round {number}, with it: broker {with_gen:.3f}, generator {gen_share:.3f} of a core over "
@@ -328,9 +328,10 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
             "plugin_path_floor_cpu_ms_per_wset_burst": round(median(path_ms), 3),
             "plugin_path_floor_over_plain_client_cpu_burst": round(median(path_ratio), 2),
             "broker_extra_plugin_path_floor_over_plain_client_burst": round(median(path_extra_ratio), 2),
-            "plugin_path_floor_cpu_ms_per_wset_burst_how": f"the same run, each round right after its generator was "
-            f"stopped (the plugin still following its topics), the same W_SETs: a process doing only the messaging a "
-            f"generator fed by the plugin cannot avoid per W_SET (bench/plugin_floor.py: the plugin's long poll with "
+            "plugin_path_floor_cpu_ms_per_wset_burst_how": f"the same run, each round before its generator (on "
+            f"__wm_generator subscriptions made at the tail, which the plugin follows), the same W_SETs: a process "
+            f"doing only the messaging a generator fed by the plugin cannot avoid per W_SET (bench/plugin_floor.py: "
+            f"the plugin's long poll with "
             f"the intake, one {len(TABLE)}-byte table per W_SET found sent with send_async, batched on {GROUPS} group "
             f"topics a reader each follows, the __wm_generator cursor moved once a second; no fold), its CPU per "
             f"W_SET ({_listed(path_ms)} ms), and its broker's extra over the same window ({_listed(path_extra)} ms); "
@@ -373,10 +374,14 @@ def _plain_floor(settings: PulsarSettings, client: pulsar.Client, admin: PulsarA
                 admin.delete_subscription(name, SUBSCRIPTION)
 
 
-def _plugin_floor(settings: PulsarSettings, client: pulsar.Client, broker: int, namespace: str, sent: list[int],
-                  jit_waits: list[float]) -> tuple[float, float, int]:  # fmt: skip
-    """bench/plugin_floor.py on the burst's topics, right after the generator (the plugin still follows them): like
-    `_plain_floor`, a reader on each of its group topics."""
+def _plugin_floor(settings: PulsarSettings, client: pulsar.Client, broker: int, namespace: str, names: list[str],
+                  sent: list[int], jit_waits: list[float]) -> tuple[float, float, int]:  # fmt: skip
+    """bench/plugin_floor.py on the burst's topics, before the generator: like `_plain_floor`, a reader on each of
+    its group topics. The plugin follows a topic with a `__wm_generator` subscription: made here at the tail (the
+    generator that follows takes them over from there), so nothing before the window (a killed generator) is
+    measured with it."""
+    for name in names:
+        client.subscribe(name, GENERATOR_SUBSCRIPTION, initial_position=pulsar.InitialPosition.Latest).close()
     readers = [group_topic(namespace, "burst", g) for g in range(GROUPS)]
     return _floor_window(settings, client, broker, ["bench.plugin_floor", namespace, "burst"], readers, sent,
                          jit_waits)  # fmt: skip

@@ -4,8 +4,8 @@ Per `W_SET`, a generator fed by the broker plugin cannot do less than this: take
 intake (answers read as the generator's poll thread reads them), send one table per `W_SET` found as the generator
 sends its tables (batched on a few group topics, keyed by the data topic), and move the `__wm_generator` cursor
 inside the broker once a second. No engine, no fold, no snapshots, no metrics. bench/burst.py runs it on the
-burst's topics right after the generator (whose subscriptions the plugin still follows), so the generator's CPU
-stands beside what the plugin path alone costs it, and the broker's beside what that path costs the broker.
+burst's topics before the generator, so the generator's CPU stands beside what the plugin path alone costs it, and
+the broker's beside what that path costs the broker.
 """
 
 from __future__ import annotations
