@@ -294,9 +294,8 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
     }
     floors = [(r, r.floor) for r in rounds if r.floor is not None]
     if floors:
-        plain_ms = [cpu * 1000 / (wsets / BURST_MEASURE_S) for _, (cpu, _, wsets) in floors]
-        floor_extra = [(floor_broker - r.without) * 1000 / (wsets / BURST_MEASURE_S)
-                       for r, (_, floor_broker, wsets) in floors]  # fmt: skip
+        plain_ms = [_own_ms(floor) for _, floor in floors]
+        floor_extra = [_broker_extra_ms(floor, r.without) for r, floor in floors]
         gen_ratio = [g / p for g, p in zip(gen_ms, plain_ms, strict=True)]
         extra_ratio = [e / f for e, f in zip(extra_ms, floor_extra, strict=True)]
         figures |= {
@@ -318,12 +317,11 @@ def burst(settings: PulsarSettings, client: pulsar.Client, admin: PulsarAdmin, l
         }
     plugin_floors = [(r, r.plugin_floor, r.floor) for r in rounds if r.plugin_floor is not None and r.floor]
     if plugin_floors:
-        path_ms = [cpu * 1000 / (wsets / BURST_MEASURE_S) for _, (cpu, _, wsets), _ in plugin_floors]
-        path_extra = [(path_broker - r.without) * 1000 / (wsets / BURST_MEASURE_S)
-                      for r, (_, path_broker, wsets), _ in plugin_floors]  # fmt: skip
-        path_ratio = [(cpu / w) / (plain / pw) for _, (cpu, _, w), (plain, _, pw) in plugin_floors]
-        path_extra_ratio = [e / ((fb - r.without) / (pw / BURST_MEASURE_S) * 1000)
-                            for e, (r, _, (_, fb, pw)) in zip(path_extra, plugin_floors, strict=True)]  # fmt: skip
+        path_ms = [_own_ms(path) for _, path, _ in plugin_floors]
+        path_extra = [_broker_extra_ms(path, r.without) for r, path, _ in plugin_floors]
+        path_ratio = [_own_ms(path) / _own_ms(plain) for _, path, plain in plugin_floors]
+        path_extra_ratio = [_broker_extra_ms(path, r.without) / _broker_extra_ms(plain, r.without)
+                            for r, path, plain in plugin_floors]  # fmt: skip
         figures |= {
             "plugin_path_floor_cpu_ms_per_wset_burst": round(median(path_ms), 3),
             "plugin_path_floor_over_plain_client_cpu_burst": round(median(path_ratio), 2),
@@ -353,6 +351,18 @@ class _Round:
     floor: tuple[float, float, int] | None
     plugin_floor: tuple[float, float, int] | None
     """bench/plugin_floor.py's window, as `floor`."""
+
+
+def _own_ms(window: tuple[float, float, int]) -> float:
+    """A floor window's process CPU per W_SET (ms)."""
+    cpu, _, wsets = window
+    return cpu * 1000 / (wsets / BURST_MEASURE_S)
+
+
+def _broker_extra_ms(window: tuple[float, float, int], without: float) -> float:
+    """A floor window's broker CPU above the round's window without a generator, per W_SET (ms)."""
+    _, broker, wsets = window
+    return (broker - without) * 1000 / (wsets / BURST_MEASURE_S)
 
 
 def _listed(values: list[float]) -> str:
