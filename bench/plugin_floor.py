@@ -14,7 +14,6 @@ import os
 import sys
 import threading
 import time
-import zlib
 from typing import Any
 
 import pulsar
@@ -24,8 +23,9 @@ from broker_ext.dispatch import BATCH_DELAY_MS
 from broker_ext.intake.plugin_cursors import ACK_GATHER_S, GATHER_S, LONG_POLL_MS
 from pulsar_access.admin import PulsarAdmin
 from pulsar_access.settings import PulsarSettings
+from pulsar_access.topics import COMPANION_GROUPS, companion_group
 
-GROUPS = 16
+GROUPS = COMPANION_GROUPS
 """Group topics, as the watermark namespace's companion topics of one namespace."""
 
 
@@ -50,7 +50,7 @@ def follow(admin: PulsarAdmin, broker: str, namespace: str, producers: list[puls
             found: list[dict[str, Any]] = (report.get("intake") or {}).get("found") or []
             for item in found:
                 if item.get("marker") == "W_SET":
-                    producer = producers[zlib.crc32(topic.encode()) % GROUPS]
+                    producer = producers[companion_group(topic)]
                     producer.send_async(TABLE, _sent, partition_key=topic)
                     ledger, entry, _ = item["at"]
                     acks[topic] = (ledger, entry)
